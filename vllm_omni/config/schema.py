@@ -1,0 +1,109 @@
+"""Typed schema of a deploy config (one YAML file, after inheritance and platform merge).
+
+Unknown keys are errors everywhere, and values are not coerced (`"0.5"` is not a number),
+so a typo in a deploy file fails at load time instead of silently running defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
+
+Platform = Literal["cuda", "rocm", "xpu", "npu", "cpu"]
+PLATFORMS: tuple[str, ...] = ("cuda", "rocm", "xpu", "npu", "cpu")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class EngineArgs(_Strict):
+    """Engine arguments of one stage; `extra` passes any other vLLM engine argument through."""
+
+    max_num_seqs: PositiveInt | None = None
+    max_num_batched_tokens: PositiveInt | None = None
+    max_model_len: PositiveInt | None = None
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    enforce_eager: bool | None = None
+    tensor_parallel_size: PositiveInt = 1
+    enable_prefix_caching: bool | None = None
+    trust_remote_code: bool = False
+    dtype: str | None = None
+    limit_mm_per_prompt: dict[str, NonNegativeInt] = Field(default_factory=dict)
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class SamplingParams(_Strict):
+    """Default sampling of a stage; requests may override single fields."""
+
+    temperature: float = Field(default=0.0, ge=0)
+    top_k: int | None = Field(default=None, ge=-1)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    min_p: float = Field(default=0.0, ge=0, le=1)
+    max_tokens: PositiveInt = 2048
+    min_tokens: NonNegativeInt = 0
+    repetition_penalty: float = Field(default=1.0, gt=0)
+    seed: int | None = None
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+
+
+class StageConfig(_Strict):
+    stage_id: NonNegativeInt
+    role: Literal["encoder", "thinker", "talker", "code2wav", "vocoder", "llm"]
+    backend: Literal["vllm", "torch"]
+    devices: list[NonNegativeInt] = Field(default_factory=lambda: [0])
+    replicas: PositiveInt = 1
+    engine_args: EngineArgs = Field(default_factory=EngineArgs)
+    input_connectors: list[str] = Field(default_factory=list)
+    default_sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+
+
+class CodecChunking(_Strict):
+    """How talker codec frames are cut into code2wav chunks (`extra` of a connector)."""
+
+    initial_codec_chunk_frames: PositiveInt = 4
+    codec_chunk_frames: PositiveInt = 25
+    codec_left_context_frames: NonNegativeInt = 25
+
+
+class ConnectorConfig(_Strict):
+    """A directed link that carries one stage's outputs to another stage's inputs."""
+
+    name: str
+    from_stage: NonNegativeInt
+    to_stage: NonNegativeInt
+    extra: CodecChunking | None = None  # set on the connector that carries codec frames
+
+
+class DuplexSessionConfig(_Strict):
+    """Session defaults: server VAD and admission limits."""
+
+    server_vad_model_path: str | None = None
+    vad_threshold: float = Field(default=0.5, gt=0, lt=1)
+    vad_silence_duration_ms: PositiveInt = 500
+    vad_prefix_padding_ms: NonNegativeInt = 300
+    max_sessions: PositiveInt = 64
+
+
+class DeployConfig(_Strict):
+    """A whole deploy config, as it stands after `base_config` and platform merges."""
+
+    async_chunk: bool = True
+    session_mode: Literal["turn", "duplex"] = "turn"
+    duplex_session: DuplexSessionConfig = Field(default_factory=DuplexSessionConfig)
+    connectors: list[ConnectorConfig] = Field(default_factory=list)
+    stages: list[StageConfig] = Field(min_length=1)
+
+    def stage(self, stage_id: int) -> StageConfig:
+        for stage in self.stages:
+            if stage.stage_id == stage_id:
+                return stage
+        raise KeyError(f"no stage with stage_id {stage_id}")
+
+    def stage_by_role(self, role: str) -> StageConfig:
+        for stage in self.stages:
+            if stage.role == role:
+                return stage
+        raise KeyError(f"no stage with role {role!r}")

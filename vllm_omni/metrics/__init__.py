@@ -1,0 +1,1 @@
+"""TTFT / TTFP / RTF per response, per-stage timings, Prometheus export."""

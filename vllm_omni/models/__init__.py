@@ -1,0 +1,1 @@
+"""Model families: stage bridges, non-vLLM modules, vLLM registrations, tiny builders."""

@@ -1,0 +1,1 @@
+"""Qwen3-Omni (thinker -> talker -> code2wav)."""
