@@ -38,3 +38,11 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from vllm_omni.models.qwen3_omni.tiny_checkpoint import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_qwen3_omni"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_loaded(tiny_checkpoint: Path):
+    """The tiny checkpoint loaded once for every engine in the session."""
+    from vllm_omni.models.qwen3_omni.checkpoint import load_checkpoint
+
+    return load_checkpoint(tiny_checkpoint)

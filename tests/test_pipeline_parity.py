@@ -1,0 +1,135 @@
+"""The staged pipeline equals transformers' `generate(return_audio=True)` on the tiny checkpoint.
+
+Thinker token ids and talker codec ids must be identical, and the streamed PCM16 within
+one LSB of a one-shot code2wav decode of all codes, with async_chunk on and off and for
+several code2wav chunk settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoProcessor, Qwen3OmniMoeForConditionalGeneration
+
+from tests.conftest import read_fixture_pcm
+from tests.engine_helpers import make_engine, run_request
+from vllm_omni.audio.pcm import float_to_pcm16
+from vllm_omni.engine import Message, OmniRequest
+
+THINKER_TOKENS = 24
+TALKER_TOKENS = 60
+
+# (role, text, audio fixture) per turn.
+CASES = {
+    "text": [("user", "Tell me a story about the sea.", None)],
+    "audio": [("user", None, "speech_en_single.wav")],
+    "two_turns": [("system", "You are a helpful voice assistant.", None),
+                  ("user", None, "speech_en_single.wav"),
+                  ("assistant", "It is sunny in Paris today.", None),
+                  ("user", "And tomorrow?", "speech_with_pause.wav")],
+}
+SETTINGS = {  # (async_chunk, first chunk frames, later chunk frames)
+    "async-1-1": (True, 1, 1),
+    "async-4-25": (True, 4, 25),
+    "async-25-25": (True, 25, 25),
+    "sync": (False, 4, 25),
+}
+
+
+def engine_request(case: str) -> OmniRequest:
+    messages = [Message(role, text=text, audio=read_fixture_pcm(audio) if audio else None)
+                for role, text, audio in CASES[case]]
+    return OmniRequest(messages, speaker="Ethan",
+                       sampling={"thinker": {"max_tokens": THINKER_TOKENS},
+                                 "talker": {"max_tokens": TALKER_TOKENS}})
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_checkpoint):
+    """transformers' own generate, on its own copy of the checkpoint; cached per case."""
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(tiny_checkpoint)
+    results = {}
+
+    def run(case: str) -> dict:
+        if case in results:
+            return results[case]
+        messages, audios = [], []
+        for role, text, audio in CASES[case]:
+            if role == "system":
+                messages.append({"role": role, "content": text})
+                continue
+            parts = []
+            if audio:
+                parts.append({"type": "audio"})
+                audios.append(read_fixture_pcm(audio))
+            if text:
+                parts.append({"type": "text", "text": text})
+            messages.append({"role": role, "content": parts})
+        prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        inputs = processor(text=prompt, audio=audios or None, return_tensors="pt")
+        decoded = {}
+        real_decode = model.code2wav.chunked_decode
+
+        def keep_codes(codes, **kwargs):  # the codes transformers hands its vocoder
+            decoded["codes"] = codes[0].clone()
+            return real_decode(codes, **kwargs)
+
+        model.code2wav.chunked_decode = keep_codes
+        try:
+            sequences, waveform = model.generate(
+                **inputs, return_audio=True, speaker="Ethan", thinker_do_sample=False,
+                thinker_max_new_tokens=THINKER_TOKENS, talker_do_sample=False,
+                talker_max_new_tokens=TALKER_TOKENS)
+        finally:
+            model.code2wav.chunked_decode = real_decode
+        codes = decoded["codes"]
+        with torch.no_grad():
+            one_shot = model.code2wav(codes[None]).reshape(-1).numpy()
+        results[case] = {"tokens": sequences[0, inputs["input_ids"].shape[1]:].tolist(),
+                         "codes": codes.numpy(), "one_shot_pcm": float_to_pcm16(one_shot).astype(np.int32),
+                         "hf_pcm": float_to_pcm16(waveform.reshape(-1).numpy()).astype(np.int32)}
+        return results[case]
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_loaded):
+    built = {name: make_engine(tiny_loaded, async_chunk=a, first=f, later=lt)
+             for name, (a, f, lt) in SETTINGS.items()}
+    yield built
+    for engine in built.values():
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_equals_transformers_generate(case: str, setting: str, reference, engines) -> None:
+    expected = reference(case)
+    ours = asyncio.run(run_request(engines[setting], engine_request(case)))
+    final = ours["final"]
+    assert final.finish_reason in ("stop", "length") and final.error is None
+    assert list(final.token_ids) == expected["tokens"]
+    assert ours["codes"].shape == expected["codes"].shape
+    assert np.array_equal(ours["codes"], expected["codes"])
+    assert expected["codes"].shape[1] < 300  # transformers' waveform is one-shot below 300 frames
+    for reference_pcm in (expected["one_shot_pcm"], expected["hf_pcm"]):
+        assert ours["pcm"].shape == reference_pcm.shape
+        assert np.abs(ours["pcm"] - reference_pcm).max() <= 1
+    assert np.abs(ours["pcm"]).max() > 100  # real signal, not silence
+
+
+def test_chunk_sizes_follow_the_connector(engines) -> None:
+    ours = asyncio.run(run_request(engines["async-4-25"], engine_request("text")))
+    samples = [len(c.pcm16) // 2 for c in ours["chunks"]]
+    # 4 frames minus the decoder's 555-sample look-ahead, then 25 frames per chunk.
+    assert samples[0] == 4 * 1920 - 555
+    assert all(n == 25 * 1920 for n in samples[1:-1])
+    sync = asyncio.run(run_request(engines["sync"], engine_request("text")))
+    assert len(sync["chunks"]) == 1
+    assert sync["pcm"].shape == ours["pcm"].shape
+    assert np.abs(sync["pcm"] - ours["pcm"]).max() <= 1

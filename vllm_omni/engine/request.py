@@ -1,0 +1,105 @@
+"""What a caller hands the engine and what it gets back."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from vllm_omni.audio.log_mel import StreamingLogMel
+from vllm_omni.audio.pcm import validate_model_audio
+
+
+class RequestError(ValueError):
+    """A request the engine cannot take; the message names what is wrong. Nothing else is affected."""
+
+
+class AudioInputStream:
+    """User audio handed over while the user is still speaking.
+
+    Log-mel frames are computed as samples arrive (audio/log_mel.py), so when the turn ends
+    only the last few frames remain; the features equal a one-shot extraction.
+    """
+
+    def __init__(self) -> None:
+        self._mel = StreamingLogMel()
+        self.closed = False
+
+    def append(self, samples: np.ndarray, sample_rate: int = 16000) -> None:
+        if self.closed:
+            raise RequestError("audio stream is closed")
+        self._mel.append(validate_model_audio(samples, sample_rate, "streamed audio"))
+
+    @property
+    def num_samples(self) -> int:
+        return self._mel.num_samples
+
+    def close(self):
+        """End of turn: compute the tail frames; return the [128, frames] features."""
+        self.closed = True
+        self._mel.finish()
+        return self._mel.features()
+
+
+@dataclass
+class Message:
+    """One conversation turn. A user turn may carry text, audio (16 kHz mono float32), or
+    an `AudioInputStream` that is still being filled when the request is submitted."""
+
+    role: Literal["system", "user", "assistant"]
+    text: str | None = None
+    audio: np.ndarray | None = None
+    sample_rate: int = 16000  # of `audio`; the model hears 16 kHz
+    audio_stream: AudioInputStream | None = None
+
+
+@dataclass
+class OmniRequest:
+    messages: list[Message]
+    request_id: str = field(default_factory=lambda: f"req-{uuid.uuid4().hex[:16]}")
+    speaker: str = "ethan"
+    modalities: tuple[str, ...] = ("text", "audio")
+    # Per-stage sampling overrides by role, e.g. {"thinker": {"max_tokens": 64}}.
+    sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    request_id: str
+    pcm16: bytes  # little-endian int16 mono
+    sample_rate: int
+    start_s: float  # position of the chunk's first sample in the response audio
+    end_s: float  # cumulative duration of the response audio after this chunk
+
+
+@dataclass(frozen=True)
+class StageMetrics:
+    stage: str
+    first_output_s: float | None  # from request arrival (TTFT for token stages)
+    mean_interval_s: float | None  # TPOT for token stages
+    intervals_s: tuple[float, ...]
+    outputs: int
+
+
+@dataclass(frozen=True)
+class RequestFinished:
+    request_id: str
+    finish_reason: str  # "stop" | "length" | "abort" | "error"
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+    audio_duration_s: float = 0.0
+    time_to_first_audio_s: float | None = None
+    stage_metrics: dict[str, StageMetrics] = field(default_factory=dict)
+    error: str | None = None
+
+
+EngineOutput = TextDelta | AudioChunk | RequestFinished

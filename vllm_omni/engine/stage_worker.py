@@ -1,0 +1,120 @@
+"""One thread per stage: takes messages, steps its requests, hands events on.
+
+The worker sleeps on its inbox while none of its requests can progress, and wakes the
+moment a message arrives, so a ready output is forwarded at once instead of waiting for a
+polling round. Between any two steps it reads the inbox again, so an abort takes effect
+within one step. At most `max_active` requests are stepped at a time (the stage's
+`max_num_seqs`); later ones wait, in arrival order, without holding KV cache.
+
+Why threads in one process (torch backend): all stages share the model weights loaded
+once, tensors pass between stages without copies, and torch kernels release the GIL, so
+the thinker, the talker and code2wav do run in parallel on different cores. The vLLM
+backend runs its engines in processes of their own (vLLM's EngineCore).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+from vllm_omni.models.stage_api import StageDone, StageProgram
+
+logger = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 1.0  # how long an idle worker sleeps before re-checking that it should run
+STOP_TIMEOUT_S = 10.0
+
+EventSink = Callable[[str, str, object], None]  # (stage role, request id, event)
+ErrorSink = Callable[[str, str, Exception], None]
+
+
+class StageWorker:
+    def __init__(self, role: str, program: StageProgram, on_event: EventSink, on_error: ErrorSink,
+                 max_active: int):
+        self.role = role
+        self.program = program
+        self._on_event, self._on_error = on_event, on_error
+        self.max_active = max_active
+        self._inbox: queue.SimpleQueue[tuple[str, str, object]] = queue.SimpleQueue()
+        self._admitted: list[str] = []
+        self._waiting: list[str] = []
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name=f"stage-{role}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, request_id: str, message: object) -> None:
+        self._inbox.put(("message", request_id, message))
+
+    def drop(self, request_id: str) -> None:
+        self._inbox.put(("drop", request_id, None))
+
+    def stop(self) -> None:
+        self._running = False
+        self._inbox.put(("stop", "", None))
+        self._thread.join(timeout=STOP_TIMEOUT_S)
+
+    def num_requests(self) -> int:
+        return self.program.num_requests()
+
+    def queue_depth(self) -> int:
+        return self._inbox.qsize() + len(self._waiting)
+
+    def _forget(self, request_id: str) -> None:
+        for table in (self._admitted, self._waiting):
+            if request_id in table:
+                table.remove(request_id)
+        while self._waiting and len(self._admitted) < self.max_active:
+            self._admitted.append(self._waiting.pop(0))
+
+    def _handle(self, kind: str, request_id: str, message: object) -> None:
+        if kind == "drop":
+            self.program.drop(request_id)
+            self._forget(request_id)
+        elif kind == "message":
+            if request_id not in self._admitted and request_id not in self._waiting:
+                target = self._admitted if len(self._admitted) < self.max_active else self._waiting
+                target.append(request_id)
+            try:
+                self.program.accept(request_id, message)
+            except Exception as exc:  # a bad message fails its request only
+                self._fail(request_id, exc)
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(*item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _fail(self, request_id: str, exc: Exception) -> None:
+        logger.exception("stage %s failed on request %s", self.role, request_id)
+        self.program.drop(request_id)
+        self._forget(request_id)
+        self._on_error(self.role, request_id, exc)
+
+    def _emit(self, request_id: str, event: object) -> None:
+        if isinstance(event, StageDone):
+            self._forget(request_id)
+        self._on_event(self.role, request_id, event)
+
+    def _run(self) -> None:
+        while self._running:
+            runnable = [rid for rid in self.program.runnable() if rid in self._admitted]
+            self._drain(block=not runnable)
+            for request_id in runnable:
+                if request_id not in self._admitted:  # dropped while this round ran
+                    continue
+                try:
+                    self.program.step(request_id, self._emit)
+                except Exception as exc:
+                    self._fail(request_id, exc)
+                self._drain(block=False)

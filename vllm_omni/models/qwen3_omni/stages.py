@@ -1,0 +1,225 @@
+"""Qwen3-Omni's three stage programs on the torch backend (see `models.stage_api`)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from vllm_omni.config import SamplingParams
+from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
+from vllm_omni.models.qwen3_omni.code2wav_streaming import Code2WavStream, make_code2wav_stream
+from vllm_omni.models.qwen3_omni.prompt import ThinkerPrompt
+from vllm_omni.models.qwen3_omni.talker_bridge import ThinkerToTalkerBridge
+from vllm_omni.models.qwen3_omni.talker_torch import TalkerSequence, TorchTalker
+from vllm_omni.models.qwen3_omni.thinker_torch import ThinkerPrefill, ThinkerSequence, TorchThinker
+from vllm_omni.models.stage_api import AudioSamples, Emit, StageDone, StageOutput, TextToken
+
+SAMPLE_RATE = 24000
+
+
+# Messages between stages -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ThinkerJob:
+    prompt: ThinkerPrompt
+    sampling: SamplingParams
+    report_prefill: bool  # the talker needs the prompt's hidden rows
+
+
+@dataclass(frozen=True)
+class ThinkerPrefilled:
+    """What the talker's prompt is built from (sent once the first token exists)."""
+
+    input_ids: list[int]
+    prefill: ThinkerPrefill
+
+
+@dataclass(frozen=True)
+class TalkerJob:
+    input_ids: list[int]
+    prefill: ThinkerPrefill
+    speaker: str
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True)
+class TrailingText:
+    """Generated text tokens the thinker fed back, in order (one talker step each)."""
+
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ThinkerFinished:
+    pass
+
+
+@dataclass(frozen=True)
+class CodecFrame(StageOutput):
+    codes: tuple[int, ...]  # 16 codebook ids of one 80 ms frame
+
+
+@dataclass(frozen=True)
+class CodecChunk:
+    frames: torch.Tensor  # [16, n]
+    final: bool
+
+
+# Thinker ------------------------------------------------------------------------------
+
+
+class ThinkerProgram:
+    def __init__(self, checkpoint: Qwen3OmniCheckpoint):
+        self.runner = TorchThinker(checkpoint)
+        self._requests: dict[str, tuple[ThinkerSequence, ThinkerJob]] = {}
+        self._prefilled: set[str] = set()
+
+    def accept(self, request_id: str, message: object) -> None:
+        if not isinstance(message, ThinkerJob):
+            raise TypeError(f"thinker cannot take {type(message).__name__}")
+        self._requests[request_id] = (self.runner.new_sequence(message.prompt, message.sampling), message)
+
+    def drop(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+        self._prefilled.discard(request_id)
+
+    def runnable(self) -> list[str]:
+        return list(self._requests)
+
+    def num_requests(self) -> int:
+        return len(self._requests)
+
+    def step(self, request_id: str, emit: Emit) -> None:
+        seq, job = self._requests[request_id]
+        if request_id not in self._prefilled:
+            prefill = self.runner.prefill(seq)
+            self._prefilled.add(request_id)
+            if job.report_prefill and not seq.finished:
+                emit(request_id, ThinkerPrefilled(job.prompt.input_ids, prefill))
+            token = prefill.first_token
+        else:
+            token = self.runner.decode(seq)
+        emit(request_id, TextToken(token, fed=not seq.finished))
+        if seq.finished:
+            emit(request_id, StageDone(seq.finish_reason, len(seq.generated)))
+            self.drop(request_id)
+
+
+# Talker -------------------------------------------------------------------------------
+
+
+@dataclass
+class _TalkerState:
+    job: TalkerJob
+    seq: TalkerSequence
+    trailing: deque[int] = field(default_factory=deque)
+    thinker_finished: bool = False
+    eos_sent: bool = False
+    prefilled: bool = False
+    next_codec_sum: torch.Tensor | None = None  # input of the next step, before its text row
+
+
+class TalkerProgram:
+    def __init__(self, checkpoint: Qwen3OmniCheckpoint):
+        self.runner = TorchTalker(checkpoint)
+        self.bridge = ThinkerToTalkerBridge(checkpoint)
+        self._requests: dict[str, _TalkerState] = {}
+
+    def accept(self, request_id: str, message: object) -> None:
+        if isinstance(message, TalkerJob):
+            self._requests[request_id] = _TalkerState(message, self.runner.new_sequence(message.sampling))
+            return
+        state = self._requests.get(request_id)
+        if state is None:  # the request ended or was aborted; its text arrives late
+            return
+        if isinstance(message, TrailingText):
+            state.trailing.extend(message.token_ids)
+        elif isinstance(message, ThinkerFinished):
+            state.thinker_finished = True
+        else:
+            raise TypeError(f"talker cannot take {type(message).__name__}")
+
+    def drop(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    def num_requests(self) -> int:
+        return len(self._requests)
+
+    def _text_ready(self, state: _TalkerState) -> bool:
+        return bool(state.trailing) or state.thinker_finished
+
+    def runnable(self) -> list[str]:
+        return [rid for rid, s in self._requests.items()
+                if not s.prefilled or s.next_codec_sum is None or self._text_ready(s)]
+
+    def _next_text_row(self, state: _TalkerState) -> torch.Tensor:
+        if state.trailing:
+            return self.bridge.trailing_rows([state.trailing.popleft()])[0]
+        tts = self.bridge.tts_rows()
+        if not state.eos_sent:
+            state.eos_sent = True
+            return tts.eos[0]
+        return tts.pad[0]
+
+    def step(self, request_id: str, emit: Emit) -> None:
+        state = self._requests[request_id]
+        runner, seq = self.runner, state.seq
+        if not state.prefilled:
+            job = state.job
+            runner.prefill(seq, self.bridge.prompt_embeddings(job.input_ids, job.prefill, job.speaker))
+            state.prefilled = True
+        elif state.next_codec_sum is not None and self._text_ready(state):
+            runner.decode(seq, state.next_codec_sum + self._next_text_row(state))
+            state.next_codec_sum = None
+        if runner.finished(seq):
+            emit(request_id, StageDone("stop" if seq.codes0[-1] == runner.eos_token_id else "length",
+                                       len(seq.codes0) - 1))
+            self.drop(request_id)
+            return
+        if state.next_codec_sum is None:
+            codes, state.next_codec_sum = runner.complete_frame(seq)
+            emit(request_id, CodecFrame(tuple(codes)))
+
+
+# Code2wav -----------------------------------------------------------------------------
+
+
+class Code2WavProgram:
+    def __init__(self, checkpoint: Qwen3OmniCheckpoint, mode: str = "exact", left_context: int = 25):
+        self.code2wav = checkpoint.code2wav
+        self.mode, self.left_context = mode, left_context
+        self._streams: dict[str, Code2WavStream] = {}
+        self._pending: dict[str, deque[CodecChunk]] = {}
+        self._chunks_out: dict[str, int] = {}
+
+    def accept(self, request_id: str, message: object) -> None:
+        if not isinstance(message, CodecChunk):
+            raise TypeError(f"code2wav cannot take {type(message).__name__}")
+        if request_id not in self._streams:
+            self._streams[request_id] = make_code2wav_stream(self.code2wav, self.mode, self.left_context)
+            self._pending[request_id] = deque()
+            self._chunks_out[request_id] = 0
+        self._pending[request_id].append(message)
+
+    def drop(self, request_id: str) -> None:
+        for table in (self._streams, self._pending, self._chunks_out):
+            table.pop(request_id, None)
+
+    def runnable(self) -> list[str]:
+        return [rid for rid, chunks in self._pending.items() if chunks]
+
+    def num_requests(self) -> int:
+        return len(self._streams)
+
+    def step(self, request_id: str, emit: Emit) -> None:
+        chunk = self._pending[request_id].popleft()
+        samples = self._streams[request_id].decode(chunk.frames)
+        if samples.numel():
+            self._chunks_out[request_id] += 1
+            emit(request_id, AudioSamples(samples.float().numpy(), SAMPLE_RATE))
+        if chunk.final:
+            emit(request_id, StageDone("stop", self._chunks_out[request_id]))
+            self.drop(request_id)

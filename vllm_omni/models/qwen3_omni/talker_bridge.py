@@ -1,0 +1,103 @@
+"""Thinker -> talker: the talker's prompt rows and its trailing-text rows.
+
+Layout (qwen3-omni-pipeline.md §4), computed as transformers' `generate` does:
+* user segments (every position whose chat-ML block has role `user`): the thinker's
+  accept-layer hidden state through `hidden_projection` at audio/image/video positions,
+  the layer-0 embedding through `text_projection` elsewhere; system and earlier assistant
+  segments are skipped;
+* the last assistant segment as 9 rows: `<|im_start|>`, `assistant`, `\\n` (text only),
+  tts_pad x4 + codec nothink / think_bos / think_eos / speaker, tts_bos + codec_pad, and
+  the first generated token + codec_bos;
+* then one trailing row per talker step: each later generated token that the thinker fed
+  back (the last generated token is never fed), then tts_eos once, then tts_pad.
+
+The talker can therefore start as soon as the thinker has sampled its first token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import Qwen3OmniMoeConfig
+
+from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
+from vllm_omni.models.qwen3_omni.thinker_torch import ThinkerPrefill
+
+
+@dataclass
+class TtsRows:
+    bos: torch.Tensor  # [1, 1, D]
+    eos: torch.Tensor
+    pad: torch.Tensor
+
+
+def user_positions(input_ids: torch.Tensor, im_start_id: int, user_id: int) -> torch.Tensor:
+    """Indices of positions inside user chat-ML blocks (from `<|im_start|>` to the next one)."""
+    positions = torch.arange(input_ids.numel())
+    starts = torch.where(input_ids == im_start_id, positions, torch.full_like(positions, -1))
+    block_start = torch.cummax(starts, dim=0).values.clamp_min(0)
+    roles = input_ids[(block_start + 1).clamp_max(input_ids.numel() - 1)]
+    return torch.nonzero(roles == user_id).flatten()
+
+
+def speaker_codec_id(config: Qwen3OmniMoeConfig, speaker: str) -> int:
+    speakers = config.talker_config.speaker_id
+    if speaker.lower() not in speakers:
+        raise ValueError(f"unknown speaker {speaker!r} (this checkpoint has: {', '.join(sorted(speakers))})")
+    return speakers[speaker.lower()]
+
+
+class ThinkerToTalkerBridge:
+    def __init__(self, checkpoint: Qwen3OmniCheckpoint):
+        self.config = checkpoint.config
+        self.talker = checkpoint.talker
+        self.thinker_embeddings = checkpoint.thinker.get_input_embeddings()
+        self._tts: TtsRows | None = None
+
+    @torch.no_grad()
+    def tts_rows(self) -> TtsRows:
+        if self._tts is None:
+            ids = torch.tensor([[self.config.tts_bos_token_id, self.config.tts_eos_token_id,
+                                 self.config.tts_pad_token_id]])
+            bos, eos, pad = self.talker.text_projection(self.thinker_embeddings(ids)).chunk(3, dim=1)
+            self._tts = TtsRows(bos=bos, eos=eos, pad=pad)
+        return self._tts
+
+    @torch.no_grad()
+    def prompt_embeddings(self, input_ids: list[int], prefill: ThinkerPrefill, speaker: str) -> torch.Tensor:
+        """The talker's prompt rows [1, P_talker, D]."""
+        config, talker = self.config, self.talker
+        ids = torch.tensor(input_ids)
+        thinker_cfg = config.thinker_config
+        multimodal = (ids == thinker_cfg.audio_token_id) | (ids == thinker_cfg.image_token_id) | \
+            (ids == thinker_cfg.video_token_id)
+        projected = torch.empty(len(input_ids), config.talker_config.text_config.hidden_size,
+                                dtype=talker.dtype)
+        if multimodal.any():
+            projected[multimodal] = talker.hidden_projection(prefill.accept_hidden[multimodal])
+        projected[~multimodal] = talker.text_projection(prefill.embeddings[~multimodal])
+        user_rows = projected[user_positions(ids, config.im_start_token_id, config.user_token_id)]
+
+        starts = torch.nonzero((ids[:-1] == config.im_start_token_id) &
+                               (ids[1:] == config.assistant_token_id)).flatten()
+        if starts.numel() == 0:
+            raise ValueError("thinker prompt has no assistant turn to speak")
+        assistant_start = int(starts[-1])
+        first_token = self.thinker_embeddings(torch.tensor([prefill.first_token]))
+        assistant = talker.text_projection(
+            torch.cat((prefill.embeddings[assistant_start:], first_token))[None])
+        tts = self.tts_rows()
+        text_part = torch.cat((assistant[:, :3], tts.pad.expand(1, 4, -1), tts.bos, assistant[:, 3:4]), dim=1)
+        talker_cfg = config.talker_config
+        codec_ids = torch.tensor([[talker_cfg.codec_nothink_id, talker_cfg.codec_think_bos_id,
+                                   talker_cfg.codec_think_eos_id, speaker_codec_id(config, speaker),
+                                   talker_cfg.codec_pad_id, talker_cfg.codec_bos_id]])
+        codec_part = torch.cat((torch.zeros(1, 3, text_part.shape[-1], dtype=talker.dtype),
+                                talker.get_input_embeddings()(codec_ids)), dim=1)
+        return torch.cat((user_rows[None], text_part + codec_part), dim=1)
+
+    @torch.no_grad()
+    def trailing_rows(self, token_ids: list[int]) -> torch.Tensor:
+        """Trailing rows [n, 1, D] of generated tokens that the thinker fed back."""
+        return self.talker.text_projection(self.thinker_embeddings(torch.tensor(token_ids)))[:, None]

@@ -1,0 +1,114 @@
+"""Talker on the torch backend: codebook 0 from the talker, codebooks 1..15 from the code
+predictor, one 80 ms codec frame per step (qwen3-omni-pipeline.md §5).
+
+Mirrors transformers' `generate`: codec ids [vocab - 1024, vocab) other than the codec EOS
+are suppressed; repetition penalty applies to the codebook-0 ids generated so far; the
+code predictor samples (top-k 50, top-p 0.8) only when the talker samples; a frame is
+complete once its residual codes exist, so the token that reaches `max_tokens` is not
+synthesised (as in the reference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from vllm_omni.config import SamplingParams
+from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
+from vllm_omni.models.qwen3_omni.thinker_torch import mrope_positions
+from vllm_omni.models.sampling import TokenSampler, apply_repetition_penalty
+
+SUPPRESSED_TAIL = 1024  # the last 1024 codec ids are control tokens, never sampled (but EOS)
+
+
+def code_predictor_sampling(talker: SamplingParams) -> SamplingParams:
+    if talker.temperature == 0:
+        return SamplingParams(temperature=0.0)
+    seed = None if talker.seed is None else talker.seed + 1
+    return SamplingParams(temperature=1.0, top_k=50, top_p=0.8, seed=seed)
+
+
+@dataclass
+class TalkerSequence:
+    sampling: SamplingParams
+    cache: DynamicCache
+    sampler: TokenSampler
+    residual_sampler: TokenSampler
+    prompt_length: int = 0
+    codes0: list[int] = field(default_factory=list)  # sampled codebook-0 ids
+    last_hidden: torch.Tensor | None = None  # [1, 1, D] talker output at the last position
+    steps: int = 0  # decode steps done (= trailing rows consumed)
+
+
+class TorchTalker:
+    def __init__(self, checkpoint: Qwen3OmniCheckpoint):
+        self.module = checkpoint.talker
+        cfg = checkpoint.config.talker_config
+        self.eos_token_id = cfg.codec_eos_token_id
+        vocab = cfg.text_config.vocab_size
+        self._suppressed = torch.tensor([i for i in range(vocab - SUPPRESSED_TAIL, vocab)
+                                         if i != self.eos_token_id])
+        self.num_code_groups = cfg.num_code_groups
+
+    def new_sequence(self, sampling: SamplingParams) -> TalkerSequence:
+        return TalkerSequence(sampling=sampling,
+                              cache=DynamicCache(config=self.module.config.text_config),
+                              sampler=TokenSampler(sampling),
+                              residual_sampler=TokenSampler(code_predictor_sampling(sampling)))
+
+    def finished(self, seq: TalkerSequence) -> bool:
+        """EOS sampled, or the last allowed token sampled (it gets no frame)."""
+        return bool(seq.codes0) and (seq.codes0[-1] == self.eos_token_id
+                                     or len(seq.codes0) >= seq.sampling.max_tokens)
+
+    def _forward(self, seq: TalkerSequence, embeds: torch.Tensor) -> int:
+        start = seq.prompt_length + seq.steps if seq.codes0 else 0
+        length = embeds.shape[1]
+        out = self.module(inputs_embeds=embeds, attention_mask=torch.ones(1, start + length, dtype=torch.long),
+                          position_ids=mrope_positions(start, length), past_key_values=seq.cache,
+                          use_cache=True, output_hidden_states=True,
+                          generation_step=seq.steps)  # only echoed back by transformers
+        seq.last_hidden = out.hidden_states[0][-1][:, -1:]
+        logits = out.logits[0, -1].float()
+        logits = apply_repetition_penalty(logits, seq.codes0, seq.sampling.repetition_penalty)
+        logits[self._suppressed] = float("-inf")
+        token = seq.sampler.choose(logits)
+        seq.codes0.append(token)
+        return token
+
+    @torch.no_grad()
+    def prefill(self, seq: TalkerSequence, prompt_embeds: torch.Tensor) -> int:
+        seq.prompt_length = prompt_embeds.shape[1]
+        return self._forward(seq, prompt_embeds.to(self.module.dtype))
+
+    @torch.no_grad()
+    def complete_frame(self, seq: TalkerSequence) -> tuple[list[int], torch.Tensor]:
+        """Residual codes of the last sampled codebook-0 id: the frame's 16 codes, and the
+        sum of the frame's 16 codec embeddings (the next step's input before the text row)."""
+        predictor = self.module.code_predictor
+        code0 = torch.tensor([[seq.codes0[-1]]])
+        embeddings = [self.module.get_input_embeddings()(code0)]
+        cache = DynamicCache(config=predictor.config)
+        hidden = torch.cat((seq.last_hidden, embeddings[0]), dim=1)
+        out = predictor(inputs_embeds=hidden, attention_mask=torch.ones(1, 2, dtype=torch.long),
+                        past_key_values=cache, use_cache=True)
+        codes = [seq.codes0[-1]]
+        for group in range(1, self.num_code_groups):
+            code = seq.residual_sampler.choose(out.logits[0, -1].float())
+            codes.append(code)
+            code_tensor = torch.tensor([[code]])
+            embeddings.append(predictor.get_input_embeddings()[group - 1](code_tensor))
+            if group + 1 < self.num_code_groups:
+                out = predictor(input_ids=code_tensor, generation_steps=group,
+                                attention_mask=torch.ones(1, group + 2, dtype=torch.long),
+                                past_key_values=cache, use_cache=True)
+        return codes, torch.cat(embeddings, dim=1).sum(1, keepdim=True)
+
+    @torch.no_grad()
+    def decode(self, seq: TalkerSequence, next_input: torch.Tensor) -> int:
+        """One talker step on `next_input` [1, 1, D]; returns the next codebook-0 id."""
+        token = self._forward(seq, next_input)
+        seq.steps += 1
+        return token

@@ -1,0 +1,105 @@
+"""Thinker on the torch backend: transformers' own module, one KV cache per request.
+
+Each call runs one request's prefill or one decode step with exactly the inputs that
+transformers' `generate` would use (4-row M-RoPE position ids, an all-ones attention
+mask), so greedy tokens equal the reference. Requests interleave step by step; each keeps
+its own cache, so concurrent requests do not change each other's results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from vllm_omni.config import SamplingParams
+from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
+from vllm_omni.models.qwen3_omni.prompt import ThinkerPrompt
+from vllm_omni.models.sampling import TokenSampler, apply_repetition_penalty
+
+
+def mrope_positions(start: int, length: int) -> torch.Tensor:
+    """[4, 1, length] positions (text row + t/h/w rows); equal rows for text and audio input."""
+    return torch.arange(start, start + length).view(1, 1, -1).expand(4, 1, -1)
+
+
+@dataclass
+class ThinkerPrefill:
+    first_token: int
+    embeddings: torch.Tensor  # [P, H] layer-0 hidden states (inputs after the multimodal merge)
+    accept_hidden: torch.Tensor  # [P, H] input of layer `accept_hidden_layer`
+
+
+@dataclass
+class ThinkerSequence:
+    prompt: ThinkerPrompt
+    sampling: SamplingParams
+    eos_token_id: int
+    cache: DynamicCache
+    sampler: TokenSampler
+    generated: list[int] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.generated) and (self.generated[-1] == self.eos_token_id
+                                          or len(self.generated) >= self.sampling.max_tokens)
+
+    @property
+    def finish_reason(self) -> str:
+        return "stop" if self.generated and self.generated[-1] == self.eos_token_id else "length"
+
+
+class TorchThinker:
+    def __init__(self, checkpoint: Qwen3OmniCheckpoint):
+        self.module = checkpoint.thinker
+        self.config = checkpoint.config
+        self.accept_layer = checkpoint.config.talker_config.accept_hidden_layer
+        self.eos_token_id = checkpoint.config.im_end_token_id
+
+    def new_sequence(self, prompt: ThinkerPrompt, sampling: SamplingParams) -> ThinkerSequence:
+        return ThinkerSequence(prompt=prompt, sampling=sampling, eos_token_id=self.eos_token_id,
+                               cache=DynamicCache(config=self.module.config.get_text_config()),
+                               sampler=TokenSampler(sampling))
+
+    def _choose(self, seq: ThinkerSequence, logits: torch.Tensor) -> int:
+        logits = apply_repetition_penalty(logits.float(), seq.generated, seq.sampling.repetition_penalty)
+        if len(seq.generated) < seq.sampling.min_tokens and not seq.sampling.ignore_eos:
+            logits[seq.eos_token_id] = float("-inf")
+        token = seq.sampler.choose(logits)
+        seq.generated.append(token)
+        return token
+
+    @torch.no_grad()
+    def prefill(self, seq: ThinkerSequence) -> ThinkerPrefill:
+        prompt = seq.prompt
+        inputs: dict[str, torch.Tensor] = {}
+        if prompt.audio_features:
+            frames = [f.shape[-1] for f in prompt.audio_features]
+            features = torch.zeros(len(frames), prompt.audio_features[0].shape[0], max(frames))
+            mask = torch.zeros(len(frames), max(frames), dtype=torch.long)
+            for i, f in enumerate(prompt.audio_features):
+                features[i, :, : f.shape[-1]] = f
+                mask[i, : f.shape[-1]] = 1
+            inputs = {"input_features": features.to(self.module.dtype), "feature_attention_mask": mask}
+        length = len(prompt.input_ids)
+        out = self.module(input_ids=torch.tensor([prompt.input_ids]), attention_mask=torch.ones(1, length,
+                          dtype=torch.long), position_ids=mrope_positions(0, length),
+                          past_key_values=seq.cache, use_cache=True, output_hidden_states=True, **inputs)
+        token = self._choose(seq, out.logits[0, -1])
+        return ThinkerPrefill(first_token=token, embeddings=out.hidden_states[0][0],
+                              accept_hidden=out.hidden_states[self.accept_layer][0])
+
+    @torch.no_grad()
+    def decode(self, seq: ThinkerSequence) -> int:
+        """Feed the last generated token; return the next one."""
+        past = len(seq.prompt.input_ids) + len(seq.generated) - 1
+        out = self.module(input_ids=torch.tensor([[seq.generated[-1]]]),
+                          attention_mask=torch.ones(1, past + 1, dtype=torch.long),
+                          position_ids=mrope_positions(past, 1), past_key_values=seq.cache, use_cache=True)
+        return self._choose(seq, out.logits[0, -1])
+
+    @torch.no_grad()
+    def token_embeddings(self, token_ids: list[int]) -> torch.Tensor:
+        """Layer-0 rows of generated text tokens: a table lookup, [n, H]."""
+        return self.module.get_input_embeddings()(torch.tensor(token_ids))

@@ -1,0 +1,60 @@
+"""The contract between the engine's stage workers and a model family's stage programs.
+
+A stage program holds the per-request state of one stage (KV caches, decoder state) and
+advances one request by one step at a time. It runs inside a single worker thread, so it
+needs no locking. What a step produces leaves through `emit(request_id, event)`: the
+generic events below, which the engine turns into client outputs, or family-specific
+messages, which the family's router turns into the next stage's inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+Emit = Callable[[str, object], None]
+
+
+class StageOutput:
+    """Base of the events that count as a stage's outputs (tokens, frames, chunks), which
+    the engine timestamps for per-stage latency metrics."""
+
+
+@dataclass(frozen=True)
+class TextToken(StageOutput):
+    """A generated text token; `fed` is False for the last one (never fed back)."""
+
+    token_id: int
+    fed: bool
+
+
+@dataclass(frozen=True)
+class AudioSamples(StageOutput):
+    samples: np.ndarray  # float32 in [-1, 1]
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class StageDone:
+    reason: str  # "stop" | "length"
+    outputs: int  # tokens, frames or chunks produced
+
+
+class StageProgram(Protocol):
+    def accept(self, request_id: str, message: object) -> None:
+        """Take a message for a request (the first one creates its state)."""
+
+    def drop(self, request_id: str) -> None:
+        """Forget a request and free its state (abort or end)."""
+
+    def runnable(self) -> list[str]:
+        """Requests that can make progress now, in arrival order."""
+
+    def step(self, request_id: str, emit: Emit) -> None:
+        """Advance one request by one step."""
+
+    def num_requests(self) -> int:
+        """Requests holding state in this stage."""
