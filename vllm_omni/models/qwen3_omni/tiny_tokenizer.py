@@ -2,8 +2,8 @@
 
 Built locally, with no download: a byte-level BPE whose ids agree with the real Qwen
 tokenizer where the pipeline depends on them (each byte's id, the role words `system`,
-`user`, `assistant`, every special token), padded with unreachable filler tokens to the
-thinker's embedding size so that every id a random model emits still decodes.
+`user`, `assistant`, every special token), padded with unreachable filler tokens (" t<id>") to
+the thinker's embedding size so that every id a random model emits still decodes.
 """
 
 from __future__ import annotations
@@ -90,7 +90,9 @@ def build_tokenizer(vocab_size: int) -> Qwen2Tokenizer:
         if FIRST_SPECIAL_ID <= token_id < FIRST_SPECIAL_ID + len(SPECIAL_TOKENS):
             vocab[SPECIAL_TOKENS[token_id - FIRST_SPECIAL_ID]] = token_id
         elif token_id not in used:
-            vocab[f"<|filler_{token_id}|>"] = token_id  # never produced by encoding text
+            # Unreachable by encoding (no merges lead there); decodes as " t<id>" so a random
+            # model's answers read as words in transcripts.
+            vocab[f"\u0120t{token_id}"] = token_id
     media_tokens = {"audio_token": "<|audio_pad|>", "audio_bos_token": "<|audio_start|>",
                     "audio_eos_token": "<|audio_end|>", "image_token": "<|image_pad|>",
                     "video_token": "<|video_pad|>", "vision_bos_token": "<|vision_start|>",
