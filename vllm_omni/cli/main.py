@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from vllm_omni.cli import config_cmd, tiny_model_cmd
+from vllm_omni.cli import config_cmd, serve_cmd, tiny_model_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,6 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vllm-omni",
         description="Realtime serving stack for omni models (Qwen3-Omni, MiniCPM-o).")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    serve_cmd.register(commands)
     tiny_model_cmd.register(commands)
     config_cmd.register(commands)
     return parser

@@ -53,6 +53,7 @@ class _Record:
     queue: asyncio.Queue
     route: RouteState
     detokenizer: IncrementalDetokenizer
+    prompt_tokens: int
     timer: StageTimer = field(default_factory=StageTimer)
     finish_reason: str = "stop"
     audio_samples: int = 0
@@ -92,6 +93,11 @@ class OmniEngine:
     @staticmethod
     def create_audio_stream() -> AudioInputStream:
         return AudioInputStream()
+
+    @property
+    def speakers(self) -> list[str]:
+        """Voice names the talker knows."""
+        return sorted(self.pipeline.checkpoint.config.talker_config.speaker_id)
 
     async def generate(self, request: OmniRequest) -> AsyncIterator[EngineOutput]:
         """Submit `request` and stream its outputs; raises RequestError for bad input."""
@@ -138,42 +144,49 @@ class OmniEngine:
             raise RequestError("; ".join(describe_validation_error(exc, ("sampling", role)))) from None
 
     def _render(self, request: OmniRequest):
-        messages: list[dict[str, Any]] = []
-        features = []
+        """The thinker prompt. When the conversation outgrows the context, the oldest turns
+        are left out (system instructions and the current turn always stay)."""
+        turns: list[tuple[dict[str, Any], Any]] = []  # (chat-template message, its audio features)
         for i, message in enumerate(request.messages):
-            where = f"messages[{i}]"
-            if message.role not in ("system", "user", "assistant"):
-                raise RequestError(f"{where}.role: expected system, user or assistant, got {message.role!r}")
-            parts: list[dict[str, Any]] = []
-            audio = message.audio
-            if audio is not None or message.audio_stream is not None:
-                if message.role != "user":
-                    raise RequestError(f"{where}: only user turns may carry audio")
-                if audio is not None:
-                    try:
-                        samples = validate_model_audio(audio, message.sample_rate, f"{where}.audio")
-                    except ValueError as exc:
-                        raise RequestError(str(exc)) from None
-                    features.append(log_mel_features(samples))
-                else:
-                    try:
-                        features.append(message.audio_stream.close())
-                    except ValueError as exc:
-                        raise RequestError(f"{where}.audio_stream: {exc}") from None
-                parts.append({"type": "audio"})
-            if message.text:
-                parts.append({"type": "text", "text": message.text})
-            if not parts:
-                raise RequestError(f"{where}: has neither text nor audio")
-            content = parts[0]["text"] if message.role == "system" and len(parts) == 1 else parts
-            messages.append({"role": message.role, "content": content})
-        if not messages or messages[-1]["role"] != "user":
+            turns.append(self._chat_message(message, f"messages[{i}]"))
+        if not turns or turns[-1][0]["role"] != "user":
             raise RequestError("messages: the last turn must be the user's")
-        prompt = self.pipeline.render(messages, features)
-        if len(prompt) >= self.pipeline.max_model_len:
-            raise RequestError(f"prompt is {len(prompt)} tokens; the model's context is "
-                               f"{self.pipeline.max_model_len}")
-        return prompt
+        while True:
+            prompt = self.pipeline.render([m for m, _ in turns], [f for _, f in turns if f is not None])
+            if len(prompt) < self.pipeline.max_model_len:
+                return prompt
+            oldest = next((i for i, (m, _) in enumerate(turns[:-1]) if m["role"] != "system"), None)
+            if oldest is None:
+                raise RequestError(f"prompt is {len(prompt)} tokens; the model's context is "
+                                   f"{self.pipeline.max_model_len}")
+            del turns[oldest]
+
+    def _chat_message(self, message, where: str) -> tuple[dict[str, Any], Any]:
+        if message.role not in ("system", "user", "assistant"):
+            raise RequestError(f"{where}.role: expected system, user or assistant, got {message.role!r}")
+        parts: list[dict[str, Any]] = []
+        features = None
+        if message.audio is not None or message.audio_stream is not None:
+            if message.role != "user":
+                raise RequestError(f"{where}: only user turns may carry audio")
+            if message.audio is not None:
+                try:
+                    samples = validate_model_audio(message.audio, message.sample_rate, f"{where}.audio")
+                except ValueError as exc:
+                    raise RequestError(str(exc)) from None
+                features = log_mel_features(samples)
+            else:
+                try:
+                    features = message.audio_stream.close()
+                except ValueError as exc:
+                    raise RequestError(f"{where}.audio_stream: {exc}") from None
+            parts.append({"type": "audio"})
+        if message.text:
+            parts.append({"type": "text", "text": message.text})
+        if not parts:
+            raise RequestError(f"{where}: has neither text nor audio")
+        content = parts[0]["text"] if message.role == "system" and len(parts) == 1 else parts
+        return {"role": message.role, "content": content}, features
 
     def _admit(self, request: OmniRequest) -> _Record:
         unknown = set(request.modalities) - set(MODALITIES)
@@ -196,7 +209,8 @@ class OmniEngine:
             route, messages = self.pipeline.start(request.request_id, prompt, thinker_sampling, talker_sampling,
                                                   request.speaker, wants_audio)
             record = _Record(request=request, loop=asyncio.get_running_loop(), queue=asyncio.Queue(),
-                             route=route, detokenizer=IncrementalDetokenizer(self.pipeline.tokenizer))
+                             route=route, detokenizer=IncrementalDetokenizer(self.pipeline.tokenizer),
+                             prompt_tokens=len(prompt))
             self._records[request.request_id] = record
             self._submit(request.request_id, messages)
         return record
@@ -259,6 +273,7 @@ class OmniEngine:
                 worker.drop(request_id)
         self._push(record, RequestFinished(
             request_id=request_id, finish_reason=reason, text=record.detokenizer.text,
+            prompt_tokens=record.prompt_tokens,
             token_ids=tuple(record.detokenizer.token_ids),
             audio_duration_s=record.audio_samples / record.sample_rate if record.sample_rate else 0.0,
             time_to_first_audio_s=record.first_audio_s, stage_metrics=record.timer.metrics(), error=error))

@@ -95,6 +95,7 @@ class RequestFinished:
     request_id: str
     finish_reason: str  # "stop" | "length" | "abort" | "error"
     text: str = ""
+    prompt_tokens: int = 0
     token_ids: tuple[int, ...] = ()
     audio_duration_s: float = 0.0
     time_to_first_audio_s: float | None = None

@@ -74,6 +74,8 @@ class TorchTalker:
         logits = out.logits[0, -1].float()
         logits = apply_repetition_penalty(logits, seq.codes0, seq.sampling.repetition_penalty)
         logits[self._suppressed] = float("-inf")
+        if seq.sampling.ignore_eos or len(seq.codes0) < seq.sampling.min_tokens:
+            logits[self.eos_token_id] = float("-inf")
         token = seq.sampler.choose(logits)
         seq.codes0.append(token)
         return token

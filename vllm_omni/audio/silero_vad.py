@@ -1,0 +1,195 @@
+"""Silero VAD v6 (ONNX through onnxruntime) and the streaming endpointing detector.
+
+Model resolution (no network access, ever): an explicitly configured file; else the
+pinned artifact if it is already in the local Hugging Face cache; else the ONNX file the
+`silero-vad` package ships. Every candidate must match the pinned SHA-256.
+
+One `InferenceSession` (one thread) serves every stream; each stream passes its own
+recurrent state and 64-sample context in and out, so sessions never share state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+SILERO_REPO_ID = "istupakov/silero-vad-onnx"
+SILERO_FILENAME = "silero_vad.onnx"
+SILERO_REVISION = "8b14476858ef240c50b3884bb38cc67290c1cc70"
+SILERO_SHA256 = "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3"
+MIN_THRESHOLD = 0.15
+FRAME = 512  # samples at 16 kHz = 32 ms
+CONTEXT = 64
+RATE = 16000
+
+
+class ServerVADUnavailableError(RuntimeError):
+    pass
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _checked(path: Path) -> Path:
+    if _sha256(path) != SILERO_SHA256:
+        raise ServerVADUnavailableError(f"Silero VAD checksum mismatch: {path}")
+    return path
+
+
+def resolve_silero_model(configured_path: str | None = None) -> Path:
+    if configured_path:
+        path = Path(configured_path)
+        if not path.is_file():
+            raise ServerVADUnavailableError(f"Configured Silero VAD model does not exist: {path}")
+        return _checked(path)
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(SILERO_REPO_ID, SILERO_FILENAME, revision=SILERO_REVISION)
+        if isinstance(cached, str) and Path(cached).is_file():
+            return _checked(Path(cached))
+    except ServerVADUnavailableError:
+        raise
+    except Exception:  # an unusable cache is not an error: fall through to the package
+        logger.debug("no Silero VAD in the Hugging Face cache", exc_info=True)
+    try:
+        packaged = Path(str(importlib.resources.files("silero_vad") / "data" / SILERO_FILENAME))
+    except ModuleNotFoundError:
+        packaged = None
+    if packaged is not None and packaged.is_file():
+        return _checked(packaged)
+    raise ServerVADUnavailableError(
+        "server_vad needs a local Silero ONNX artifact (duplex_session.server_vad_model_path, the Hugging "
+        "Face cache, or the silero-vad package)")
+
+
+class SileroModel:
+    """The shared ONNX session; `score` is thread-safe and stateless."""
+
+    _instances: dict[Path, SileroModel] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, path: Path):
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        self.path = path
+        self._session = onnxruntime.InferenceSession(str(path), sess_options=options,
+                                                     providers=["CPUExecutionProvider"])
+        self.score(np.zeros((1, CONTEXT + FRAME), np.float32), np.zeros((2, 1, 128), np.float32))  # warm up
+
+    @classmethod
+    def load(cls, configured_path: str | None = None) -> SileroModel:
+        path = resolve_silero_model(configured_path)
+        with cls._lock:
+            if path not in cls._instances:
+                cls._instances[path] = cls(path)
+            return cls._instances[path]
+
+    def score(self, window: np.ndarray, state: np.ndarray) -> tuple[float, np.ndarray]:
+        """Speech probability of one [1, 576] window; returns it and the next state."""
+        prob, next_state = self._session.run(
+            None, {"input": window, "state": state, "sr": np.array(RATE, dtype=np.int64)})
+        return float(prob[0, 0]), next_state
+
+
+@dataclass(frozen=True)
+class VadConfig:
+    threshold: float = 0.5
+    prefix_padding_ms: float = 300
+    silence_duration_ms: float = 500
+    min_speech_duration_ms: float = 96
+
+
+@dataclass
+class VadResult:
+    """What one append did to the detector (times on the session's input timeline)."""
+
+    is_speech: bool = False
+    speech_active: bool = False
+    started: bool = False
+    start_sample: int = 0
+    stopped: bool = False
+    end_sample: int = 0
+    max_probability: float = 0.0
+
+    @property
+    def should_commit(self) -> bool:
+        return self.stopped and not self.speech_active
+
+
+def samples_to_ms(samples: int) -> int:
+    return round(samples * 1000 / RATE)
+
+
+class VadDetector:
+    """Streaming endpointing (realtime-protocol.md §10.3) over 16 kHz float32 input."""
+
+    def __init__(self, model: SileroModel, config: VadConfig, start_sample: int = 0):
+        self.model, self.config = model, config
+        self._min_speech = max(1, round(max(32.0, config.min_speech_duration_ms) * 16))
+        self._min_silence = max(1, round(config.silence_duration_ms * 16))
+        self._negative = max(config.threshold - 0.15, 0.01)
+        self.processed = start_sample
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget speech state and pending samples; the clock keeps counting."""
+        pending = getattr(self, "_pending", np.zeros(0, np.float32))
+        self.processed += pending.size  # dropped samples still happened on the timeline
+        self._pending = np.zeros(0, np.float32)
+        self._state = np.zeros((2, 1, 128), np.float32)
+        self._context = np.zeros(CONTEXT, np.float32)
+        self._candidate = 0
+        self._candidate_start = 0
+        self._silence = 0
+        self.in_speech = False
+        self.reset_sample = self.processed
+
+    def feed(self, samples: np.ndarray) -> VadResult:
+        result = VadResult(is_speech=self.in_speech)
+        data = np.concatenate([self._pending, samples.astype(np.float32, copy=False)])
+        frames = data.size // FRAME
+        self._pending = data[frames * FRAME:]
+        padding = round(self.config.prefix_padding_ms * 16)
+        for i in range(frames):
+            frame = data[i * FRAME:(i + 1) * FRAME]
+            window = np.concatenate([self._context, frame])[None]
+            self._context = frame[-CONTEXT:]
+            score, self._state = self.model.score(window, self._state)
+            p = min(max(score, 0.0), 1.0)
+            result.max_probability = max(result.max_probability, p)
+            frame_start = self.processed
+            self.processed += FRAME
+            if not self.in_speech:
+                if p >= self.config.threshold:
+                    if self._candidate == 0:
+                        self._candidate_start = frame_start
+                    self._candidate += FRAME
+                    if self._candidate >= self._min_speech:
+                        self.in_speech, self._silence = True, 0
+                        result.started = True
+                        result.start_sample = max(self.reset_sample, self._candidate_start - padding, 0)
+                else:
+                    self._candidate = 0
+            elif p >= self.config.threshold:
+                self._silence = 0
+            elif not (p >= self._negative and self._silence == 0):
+                self._silence += FRAME
+                if p < self._negative and self._silence >= self._min_silence:
+                    self.in_speech, self._silence, self._candidate = False, 0, 0
+                    result.stopped, result.end_sample = True, self.processed
+            result.is_speech = result.is_speech or self.in_speech
+        result.speech_active = self.in_speech
+        return result

@@ -1,0 +1,46 @@
+"""`vllm-omni serve MODEL --deploy-config PATH`: the realtime server, in the style of `vllm serve`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    serve = commands.add_parser("serve", help="serve a model over /v1/realtime")
+    serve.add_argument("model", help="checkpoint folder or a model id in the local Hugging Face cache")
+    serve.add_argument("--deploy-config", required=True, help="deploy YAML (see configs/)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
+                       help="require 'Authorization: Bearer KEY' on /v1 routes (default: $VLLM_API_KEY)")
+    serve.add_argument("--served-model-name", action="append",
+                       help="name(s) clients use for the model (default: MODEL)")
+    serve.add_argument("--max-session-duration-s", type=float, default=3600.0)
+    serve.add_argument("--speaker", default="ethan", help="default voice")
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(run=serve_model)
+
+
+def serve_model(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from vllm_omni.config import load_deploy_config
+    from vllm_omni.engine import OmniEngine
+    from vllm_omni.server.app import create_app
+    from vllm_omni.server.realtime import ServerSettings
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    deploy = load_deploy_config(args.deploy_config)
+    if deploy.session_mode != "turn":
+        raise SystemExit("error: this server implements session_mode: turn; duplex mode is not available yet")
+    engine = OmniEngine.from_pretrained(args.model, deploy)
+    settings = ServerSettings(
+        served_model_names=args.served_model_name or [args.model], api_key=args.api_key,
+        max_sessions=deploy.duplex_session.max_sessions, max_session_duration_s=args.max_session_duration_s,
+        vad_model_path=deploy.duplex_session.server_vad_model_path, default_speaker=args.speaker)
+    app = create_app(engine, settings)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, ws_max_size=16 * 1024 * 1024,
+                ws_ping_interval=20, ws_ping_timeout=20)
+    return 0

@@ -1,0 +1,40 @@
+"""Prometheus metrics of the realtime server (exported at /metrics)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30)
+RTF_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 4, 8)
+
+ACTIVE_SESSIONS = Gauge("vllm_omni_realtime_active_sessions", "Open realtime sessions")
+SESSIONS_TOTAL = Counter("vllm_omni_realtime_sessions_total", "Realtime sessions opened")
+RESPONSES = Counter("vllm_omni_realtime_responses_total", "Responses by final status", ["status"])
+ERRORS = Counter("vllm_omni_realtime_errors_total", "Error events sent, by code", ["code"])
+TTFT = Histogram("vllm_omni_realtime_ttft_seconds", "Response start to first text", buckets=LATENCY_BUCKETS)
+TTFP = Histogram("vllm_omni_realtime_ttfp_seconds", "Response start to first audio packet",
+                 buckets=LATENCY_BUCKETS)
+RTF = Histogram("vllm_omni_realtime_rtf", "Generation time over audio duration, per response",
+                buckets=RTF_BUCKETS)
+
+
+class _StageQueueCollector:
+    """Reads stage queue depths from the engine at scrape time."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], dict[str, int]] | None = None
+
+    def collect(self):
+        family = GaugeMetricFamily("vllm_omni_stage_queue_depth", "Messages and requests waiting per stage",
+                                   labels=["stage"])
+        if self.source is not None:
+            for stage, depth in self.source().items():
+                family.add_metric([stage], depth)
+        yield family
+
+
+STAGE_QUEUES = _StageQueueCollector()
+REGISTRY.register(STAGE_QUEUES)

@@ -1,0 +1,24 @@
+"""Protocol error codes, their GA error classes, and the exception that carries them."""
+
+from __future__ import annotations
+
+RATE_LIMIT_CODES = {"input_backpressure", "resource_exhausted"}
+SERVER_CODES = {"commit_aborted", "realtime_input_failed", "engine_error", "internal_error",
+                "runtime_data_plane_stream_failed", "server_vad_unavailable"}
+
+
+def error_class(code: str) -> str:
+    if code in RATE_LIMIT_CODES:
+        return "rate_limit_error"
+    if code in SERVER_CODES:
+        return "server_error"
+    return "invalid_request_error"
+
+
+class ProtocolError(Exception):
+    """A client event that cannot be applied; becomes one `error` event, the session goes on
+    (unless `fatal`)."""
+
+    def __init__(self, code: str, message: str, param: str | None = None, fatal: bool = False):
+        super().__init__(message)
+        self.code, self.message, self.param, self.fatal = code, message, param, fatal

@@ -1,0 +1,57 @@
+"""Server events (realtime-protocol.md §4): wire shapes, built in one place.
+
+GA-lane events get a fresh `event_id`; legacy-lane events use the flat [LEGACY] shapes.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from typing import Any
+
+from vllm_omni.protocol.errors import ProtocolError, error_class
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+def event(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"type": kind, "event_id": new_id("event_"), **fields}
+
+
+def error_event(exc: ProtocolError, client_event_id: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": error_class(exc.code), "code": exc.code, "message": exc.message}
+    if client_event_id is not None:
+        body["event_id"] = client_event_id
+    if exc.param is not None:
+        body["param"] = exc.param
+    return event("error", error=body)
+
+
+def flat_error(code: str, message: str) -> dict[str, Any]:
+    """[LEGACY] / route-level error shape."""
+    return {"type": "error", "error": message, "code": code}
+
+
+def session_created(session: dict[str, Any], legacy_id: str) -> dict[str, Any]:
+    """Readable by both dialects: GA `session` plus legacy `id` / `created` (§1.8)."""
+    return event("session.created", session=session, id=legacy_id, created=int(time.time()))
+
+
+def response_object(response_id: str, status: str, *, modalities: list[str], output: list[dict],
+                    output_format: dict, voice: str | None, max_output_tokens: Any,
+                    session_id: str, status_details: Any = None, usage: Any = None,
+                    metadata: dict | None = None) -> dict[str, Any]:
+    obj = {"id": response_id, "object": "realtime.response", "status": status, "status_details": status_details,
+           "output": output, "output_modalities": modalities, "modalities": modalities,
+           "conversation_id": f"conv_{session_id}", "audio": {"output": {"format": output_format, "voice": voice}},
+           "max_output_tokens": max_output_tokens, "metadata": metadata or {}}
+    if usage is not None:
+        obj["usage"] = usage
+    return obj
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")

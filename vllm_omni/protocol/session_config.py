@@ -1,0 +1,301 @@
+"""Session configuration: parsing `session.update` in all three shapes, and its echo.
+
+`apply_session_update(current, update)` returns a new effective configuration or raises
+`ProtocolError` and changes nothing (updates are atomic). Precedence between spellings
+follows realtime-protocol.md §2.1; validation order follows §2.4.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from vllm_omni.audio.formats import (
+    DEFAULT_RATES,
+    OUTPUT_SPELLINGS,
+    AudioFormat,
+    AudioFormatError,
+    canonical_format,
+    check_rate,
+)
+from vllm_omni.protocol.errors import ProtocolError
+
+OUTPUT_RATE = 24000
+TURN_DETECTION_FIELDS = {"type", "threshold", "prefix_padding_ms", "silence_duration_ms", "create_response",
+                         "interrupt_response", "idle_timeout_ms", "min_speech_duration_ms"}
+_UNSET = object()
+
+
+class TurnDetection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["server_vad"] = "server_vad"
+    threshold: float = 0.5
+    prefix_padding_ms: float = 300
+    silence_duration_ms: float = 500
+    create_response: bool = True
+    interrupt_response: bool = False
+    idle_timeout_ms: int | None = None
+    min_speech_duration_ms: float = 96
+
+
+class SessionConfig(BaseModel):
+    """The effective configuration of one realtime session."""
+
+    id: str
+    model: str
+    instructions: str | None = None
+    modalities: list[str] = Field(default_factory=lambda: ["text", "audio"])
+    input_format: AudioFormat = AudioFormat("pcm16", 16000)
+    output_format: AudioFormat = AudioFormat("pcm16", OUTPUT_RATE)
+    turn_detection: TurnDetection | None = None
+    transcription: Any = None
+    noise_reduction: Any = None
+    voice: str | None = None
+    speed: float | None = None
+    max_output_tokens: int | Literal["inf"] = "inf"
+    temperature: float | None = None
+    tools: list[Any] = Field(default_factory=list)
+    tool_choice: Any = "auto"
+    metadata: Any = None
+    include: Any = None
+    prompt: Any = None
+    tracing: Any = None
+    truncation: Any = None
+    idle_timeout_s: float = 300.0
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def wants_audio(self) -> bool:
+        return "audio" in self.modalities
+
+    @property
+    def overlap_policy(self) -> str:
+        td = self.turn_detection
+        return "barge_in_on_speech" if td is not None and td.interrupt_response else "listen_only"
+
+
+def _first(*candidates: Any) -> Any:
+    return next((c for c in candidates if c is not _UNSET), _UNSET)
+
+
+def _get(mapping: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(mapping, dict) or key not in mapping:
+            return _UNSET
+        mapping = mapping[key]
+    return mapping
+
+
+def parse_format(value: Any, *, output: bool, param: str) -> AudioFormat:
+    """A string or `{type|format, rate|sample_rate_hz|sample_rate}` object."""
+    code = "unsupported_audio_format"
+    kind = "output_audio_format" if output else "input_audio_format"
+    rate = None
+    if isinstance(value, dict):
+        name = value.get("type", value.get("format"))
+        for key in ("rate", "sample_rate_hz", "sample_rate"):
+            if key in value:
+                try:
+                    rate = check_rate(value[key], key)
+                except ValueError as exc:
+                    raise ProtocolError("bad_event", str(exc), param) from None
+                break
+        ga_object = True
+    else:
+        name, ga_object = value, False
+    if not isinstance(name, str):
+        raise ProtocolError(code, f"Unsupported {kind}: {value!r}", param)
+    try:
+        canonical = canonical_format(name, OUTPUT_SPELLINGS) if output else canonical_format(name)
+    except AudioFormatError:
+        raise ProtocolError(code, f"Unsupported {kind}: {name}", param) from None
+    if output and canonical in ("pcm16", "wav"):
+        return AudioFormat(canonical, OUTPUT_RATE)  # the vocoder's rate
+    if rate is None:  # GA `audio/pcm` objects default to 24 kHz (GA semantics), flat names to their own rate
+        rate = OUTPUT_RATE if (ga_object and not output and canonical == "pcm16") else DEFAULT_RATES[canonical]
+    return AudioFormat(canonical, rate)
+
+
+def _is_duration(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def parse_turn_detection(value: Any, mode: str) -> TurnDetection | None:
+    param = "turn_detection"
+    code = "unsupported_turn_detection"
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ProtocolError(code, "turn_detection must be null or an object", param)
+    if value.get("type") != "server_vad":
+        raise ProtocolError(code, f"turn_detection type {value.get('type')!r} is not supported "
+                                  "(only 'server_vad')", param)
+    unknown = sorted(set(value) - TURN_DETECTION_FIELDS)
+    if unknown:
+        raise ProtocolError(code, f"unknown turn_detection fields: {', '.join(unknown)}", param)
+    threshold = value.get("threshold", 0.5)
+    if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0.15 < threshold <= 1:
+        raise ProtocolError(code, "turn_detection.threshold must be in (0.15, 1]", param)
+    for key in ("prefix_padding_ms", "silence_duration_ms", "min_speech_duration_ms"):
+        if key in value and not _is_duration(value[key]):
+            raise ProtocolError(code, f"turn_detection.{key} must be a non-negative number", param)
+    idle = value.get("idle_timeout_ms")
+    if idle is not None and not (isinstance(idle, int) and not isinstance(idle, bool) and idle >= 0):
+        raise ProtocolError(code, "turn_detection.idle_timeout_ms must be a non-negative integer or null", param)
+    for key in ("create_response", "interrupt_response"):
+        if key in value and not isinstance(value[key], bool):
+            raise ProtocolError(code, f"turn_detection.{key} must be true or false", param)
+    fields = {k: v for k, v in value.items() if k in TURN_DETECTION_FIELDS}
+    fields.setdefault("interrupt_response", mode == "duplex")
+    return TurnDetection(**fields)
+
+
+def _max_tokens(value: Any) -> int | Literal["inf"]:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return "inf"
+
+
+def _modalities(value: Any) -> list[str]:
+    if not isinstance(value, list) or not value or any(m not in ("audio", "text") for m in value):
+        raise ProtocolError("bad_event", "output_modalities must be a non-empty list of 'audio' and 'text'",
+                            "output_modalities")
+    return ["text", "audio"] if "audio" in value else ["text"]
+
+
+def apply_session_update(current: SessionConfig, session: dict[str, Any], served_models: list[str],
+                         mode: str = "turn") -> SessionConfig:
+    """The configuration after `session` (the update's `session` object) is applied."""
+    updates: dict[str, Any] = {}
+    audio_in, audio_out = _get(session, "audio", "input"), _get(session, "audio", "output")
+
+    if session.get("type") == "transcription":
+        raise ProtocolError("bad_event", "transcription sessions are not supported", "session.type")
+    model = session.get("model", _UNSET)
+    if model is not _UNSET and model is not None:
+        if model not in served_models:
+            raise ProtocolError("model_not_found", f"The model `{model}` does not exist.", "model")
+        if model != current.model:
+            raise ProtocolError("model_update_unsupported", "model cannot change after the session opened",
+                                "model")
+
+    # Audio formats are validated (and reported) before turn detection.
+    fmt = _first(session.get("input_audio_format", _UNSET), _get(audio_in, "format"))
+    if fmt is not _UNSET:
+        updates["input_format"] = parse_format(fmt, output=False, param="audio.input.format")
+    rate = _first(session.get("sample_rate_hz", _UNSET), session.get("sample_rate", _UNSET),
+                  _get(audio_in, "sample_rate_hz"), _get(audio_in, "sample_rate"))
+    if rate is not _UNSET:
+        try:
+            checked = check_rate(rate)
+        except ValueError as exc:
+            raise ProtocolError("bad_event", str(exc), "sample_rate_hz") from None
+        if checked is not None:
+            updates["input_format"] = AudioFormat(updates.get("input_format", current.input_format).name, checked)
+    out_fmt = _first(session.get("output_audio_format", _UNSET), session.get("response_format", _UNSET),
+                     _get(audio_out, "format"))
+    if out_fmt is not _UNSET:
+        updates["output_format"] = parse_format(out_fmt, output=True, param="audio.output.format")
+
+    td = _first(_get(audio_in, "turn_detection"), session.get("turn_detection", _UNSET))
+    if td is not _UNSET:
+        updates["turn_detection"] = parse_turn_detection(td, mode)
+    extra = session.get("extra_body", {})
+    if not isinstance(extra, dict):
+        raise ProtocolError("bad_event", "extra_body must be an object", "extra_body")
+    policy = extra.get("overlap_policy", session.get("overlap_policy", _UNSET))
+    if policy is not _UNSET:
+        _apply_overlap_policy(policy, td, updates, current)
+    if extra.get("auto_response") is True:
+        raise ProtocolError("invalid_duplex_runtime_config",
+                            "auto_response requires server VAD or explicit commits in turn mode", "extra_body")
+
+    for key in ("instructions",):
+        if key in session:
+            if session[key] is not None and not isinstance(session[key], str):
+                raise ProtocolError("bad_event", "instructions must be a string or null", "instructions")
+            updates[key] = session[key]
+    modalities = _first(session.get("modalities", _UNSET), session.get("output_modalities", _UNSET))
+    if modalities is not _UNSET:
+        updates["modalities"] = _modalities(modalities)
+    voice = _first(session.get("voice", _UNSET), _get(audio_out, "voice"))
+    if voice is not _UNSET:
+        if voice is not None and not isinstance(voice, str):
+            raise ProtocolError("bad_event", "voice must be a name (voice objects are not supported)",
+                                "audio.output.voice")
+        updates["voice"] = voice
+    speed = _first(session.get("speed", _UNSET), _get(audio_out, "speed"))
+    if speed is not _UNSET:
+        updates["speed"] = speed if isinstance(speed, (int, float)) and not isinstance(speed, bool) else None
+    tokens = _first(session.get("max_response_output_tokens", _UNSET), session.get("max_output_tokens", _UNSET),
+                    session.get("max_tokens", _UNSET))
+    if tokens is not _UNSET:
+        updates["max_output_tokens"] = _max_tokens(tokens)
+    if "temperature" in session:
+        temperature = session["temperature"]
+        if temperature is not None and (not isinstance(temperature, (int, float)) or temperature < 0):
+            raise ProtocolError("bad_event", "temperature must be a non-negative number or null", "temperature")
+        updates["temperature"] = temperature
+    if session.get("tools"):
+        raise ProtocolError("invalid_duplex_runtime_config", "tool calling is not supported by this model", "tools")
+    for key in ("tool_choice", "metadata", "include", "prompt", "tracing", "truncation"):
+        if key in session:
+            updates[key] = session[key]
+    transcription = _first(_get(audio_in, "transcription"), session.get("input_audio_transcription", _UNSET))
+    if transcription is not _UNSET:
+        updates["transcription"] = transcription
+    noise = _first(_get(audio_in, "noise_reduction"), session.get("input_audio_noise_reduction", _UNSET))
+    if noise is not _UNSET:
+        updates["noise_reduction"] = noise
+    idle = session.get("idle_timeout_s")
+    if isinstance(idle, (int, float)) and not isinstance(idle, bool) and idle > 0:
+        updates["idle_timeout_s"] = float(idle)
+    if extra:
+        updates["extra_body"] = {**current.extra_body, **extra}
+    return current.model_copy(update=updates)
+
+
+def _apply_overlap_policy(policy: Any, td_sent: Any, updates: dict[str, Any], current: SessionConfig) -> None:
+    """§2.5: overlap_policy decides interrupt_response when that is absent; a conflict is an error."""
+    code, param = "unsupported_turn_detection", "turn_detection"
+    wants_barge_in = policy == "barge_in_on_speech"
+    effective = updates.get("turn_detection", current.turn_detection)
+    if wants_barge_in and effective is None:
+        raise ProtocolError(code, "overlap_policy=barge_in_on_speech requires turn_detection.type='server_vad'",
+                            param)
+    if effective is None:
+        return
+    sent_interrupt = isinstance(td_sent, dict) and "interrupt_response" in td_sent
+    if sent_interrupt and td_sent["interrupt_response"] != wants_barge_in:
+        expected = "barge_in_on_speech" if td_sent["interrupt_response"] else "listen_only"
+        raise ProtocolError(code, f"overlap_policy={policy} conflicts with turn_detection; expected {expected}",
+                            param)
+    updates["turn_detection"] = effective.model_copy(update={"interrupt_response": wants_barge_in})
+
+
+def session_object(config: SessionConfig, state: dict[str, Any]) -> dict[str, Any]:
+    """The `session` object of session.created / session.updated (§2.7)."""
+    td = config.turn_detection.model_dump() if config.turn_detection else None
+    return {
+        "object": "realtime.session", "type": "realtime", "id": config.id, "model": config.model,
+        "instructions": config.instructions, "output_modalities": list(config.modalities),
+        "modalities": list(config.modalities),
+        "audio": {"input": {"format": config.input_format.ga_object(), "sample_rate_hz": config.input_format.rate,
+                            "turn_detection": td, "transcription": config.transcription,
+                            "noise_reduction": config.noise_reduction},
+                  "output": {"format": config.output_format.ga_object(), "voice": config.voice,
+                             "speed": config.speed}},
+        "turn_detection": td, "input_audio_format": config.input_format.name,
+        "output_audio_format": config.output_format.name, "input_audio_transcription": config.transcription,
+        "tracing": config.tracing, "max_output_tokens": config.max_output_tokens, "tools": config.tools,
+        "tool_choice": config.tool_choice, "metadata": config.metadata, "include": config.include,
+        "prompt": config.prompt, "voice": config.voice, "temperature": config.temperature,
+        "max_tokens": config.max_output_tokens, "speed": config.speed,
+        "response_format": "wav" if config.output_format.name == "wav" else "pcm",
+        "idle_timeout_s": config.idle_timeout_s, "overlap_policy": config.overlap_policy,
+        "overlap_short_ack_ms": 700, "overlap_barge_in_ms": 1200, "overlap_silence_rms": 0.003,
+        "playback_commit_policy": "commit_all_on_done", **state,
+    }

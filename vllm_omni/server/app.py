@@ -1,0 +1,56 @@
+"""The FastAPI application: /v1/realtime, /v1/models, /health, /metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, WebSocket
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from vllm_omni.metrics import prometheus as metrics
+from vllm_omni.server.realtime import RealtimeConnection, ServerSettings
+
+
+def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
+    sessions = [0]  # open realtime sessions (one event loop: a plain counter is enough)
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        metrics.STAGE_QUEUES.source = engine.queue_depths
+        yield
+        metrics.STAGE_QUEUES.source = None
+        engine.shutdown()
+
+    app = FastAPI(title="vllm-omni", lifespan=lifespan)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "active_sessions": sessions[0],
+                "active_requests": engine.num_active_requests()}
+
+    @app.get("/v1/models")
+    async def models(authorization: str | None = None) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "vllm-omni"}
+            for name in settings.served_model_names]})
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.websocket("/v1/realtime")
+    async def realtime(websocket: WebSocket) -> None:
+        await RealtimeConnection(websocket, engine, settings, sessions).serve()
+
+    @app.websocket("/v1/duplex")
+    async def duplex(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await websocket.send_json({"type": "error", "error": "Duplex API is not available", "code": "unsupported"})
+        await websocket.close(1008, "unsupported")
+
+    return app

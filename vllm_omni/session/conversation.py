@@ -1,0 +1,87 @@
+"""Conversation items of a session and how they become an engine request's messages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vllm_omni.engine.request import AudioInputStream, Message
+
+
+@dataclass
+class Item:
+    id: str
+    role: str  # user | assistant | system
+    status: str = "completed"
+    text: str | None = None  # typed text (user/system) or the spoken transcript (assistant)
+    audio: np.ndarray | None = None  # user speech, 16 kHz float32
+    stream: AudioInputStream | None = None  # features computed while the user spoke
+    transcript: str = ""  # user audio transcript (client hints; no ASR runs)
+    audio_duration_ms: int = 0  # assistant audio generated
+    text_cap_chars: int | None = None  # hard cap from truncation / barge-in
+
+    @property
+    def kept_text(self) -> str:
+        text = self.text or ""
+        return text if self.text_cap_chars is None else text[: self.text_cap_chars]
+
+    def to_wire(self) -> dict[str, Any]:
+        content: list[dict[str, Any]] = []
+        if self.role == "assistant":
+            if self.audio_duration_ms or self.status != "in_progress" or self.text is not None:
+                content.append({"type": "output_audio", "transcript": self.kept_text,
+                                "audio_duration_ms": self.audio_duration_ms})
+        else:
+            if self.audio is not None or self.stream is not None:
+                content.append({"type": "input_audio", "transcript": self.transcript})
+            if self.text:
+                content.append({"type": "input_text", "text": self.text})
+        return {"id": self.id, "object": "realtime.item", "type": "message", "role": self.role,
+                "status": self.status, "content": content if self.status != "in_progress" or self.role != "assistant"
+                else []}
+
+
+@dataclass
+class Conversation:
+    items: list[Item] = field(default_factory=list)
+
+    def last_id(self) -> str | None:
+        return self.items[-1].id if self.items else None
+
+    def add(self, item: Item) -> str | None:
+        """Append; return the previous item's id."""
+        previous = self.last_id()
+        self.items.append(item)
+        return previous
+
+    def find(self, item_id: str) -> Item | None:
+        return next((item for item in self.items if item.id == item_id), None)
+
+    def remove(self, item_id: str) -> bool:
+        item = self.find(item_id)
+        if item is not None:
+            self.items.remove(item)
+        return item is not None
+
+    def previous_of(self, item: Item) -> str | None:
+        index = self.items.index(item)
+        return self.items[index - 1].id if index else None
+
+    def messages(self, instructions: str | None) -> list[Message]:
+        """The engine's view: system instructions, then every turn that says something."""
+        messages = [Message("system", text=instructions)] if instructions else []
+        for item in self.items:
+            if item.role == "assistant":
+                if item.kept_text:
+                    messages.append(Message("assistant", text=item.kept_text))
+            elif item.role == "system":
+                if item.text:
+                    messages.append(Message("system", text=item.text))
+            elif item.stream is not None:
+                messages.append(Message("user", text=item.text, audio_stream=item.stream))
+                item.stream = None  # its features are used once; later turns re-read the samples
+            elif item.audio is not None or item.text:
+                messages.append(Message("user", text=item.text, audio=item.audio))
+        return messages

@@ -1,0 +1,237 @@
+"""One response of a turn-mode session: an engine request and the events it produces.
+
+The response emits, in order (realtime-protocol.md §5.0 R(r)): response.created, the
+assistant item, its parts, the deltas as the engine streams them, and the `*.done` block
+ending in response.done and rate_limits.updated — exactly once, whether it completes,
+fails or is cancelled. After `done` is set nothing more is emitted for it, so output of a
+cancelled response never reaches the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vllm_omni.audio.formats import AudioFormat, encode_output
+from vllm_omni.engine.request import AudioChunk, OmniRequest, RequestError, RequestFinished, StageMetrics, TextDelta
+from vllm_omni.metrics import prometheus as metrics
+from vllm_omni.protocol.errors import ProtocolError
+from vllm_omni.protocol.server_events import b64, error_event, event, response_object
+from vllm_omni.session.conversation import Item
+
+logger = logging.getLogger(__name__)
+
+STAGE_IDS = {"thinker": "0", "talker": "1", "code2wav": "2"}
+
+
+@dataclass
+class ResponseOptions:
+    modalities: list[str]
+    output_format: AudioFormat
+    voice: str | None
+    speaker: str
+    instructions: str | None
+    max_output_tokens: int | str
+    temperature: float | None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    client_limited: bool = False  # max_output_tokens came from the client
+
+
+def stage_metrics_wire(metrics_by_stage: dict[str, StageMetrics], finish_reason: str | None) -> dict[str, Any]:
+    """The engine's per-stage metrics in the spec's `stage_metrics` shape (§8.2)."""
+    wire = {}
+    for name, m in metrics_by_stage.items():
+        stage_id = STAGE_IDS.get(name, name)
+        intervals = [round(i * 1000, 3) for i in m.intervals_s]
+        wire[stage_id] = {
+            "stage_id": int(stage_id) if stage_id.isdigit() else stage_id, "num_tokens_out": m.outputs,
+            "vllm_ttft_ms": round((m.first_output_s or 0) * 1000, 3),
+            "vllm_tpot_ms": round((m.mean_interval_s or 0) * 1000, 3), "vllm_itls_ms": intervals,
+            "finish_reason": finish_reason if name == "thinker" else None}
+    return wire
+
+
+class ResponseRun:
+    def __init__(self, response_id: str, options: ResponseOptions, item: Item, *, session_id: str,
+                 emit: Callable[[dict[str, Any]], None], on_done: Callable[[ResponseRun], None]):
+        self.id = response_id
+        self.options = options
+        self.item = item
+        self.session_id = session_id
+        self._emit, self._on_done = emit, on_done
+        self.done = False
+        self.status = "in_progress"
+        self.request_id: str | None = None
+        self.previous_item_id: str | None = None
+        self.task: asyncio.Task | None = None
+        self.transcript = ""
+        self._audio_samples = 0
+        self._sample_rate = 0
+        self._audio_sent = False
+        self._text_part = False
+        self._started_at = time.monotonic()
+        self._stage_metrics: dict[str, Any] = {}
+        self.playback = {"generated_ms": 0, "sent_ms": 0, "played_ms": 0, "committed_ms": 0}
+
+    # Addressing -------------------------------------------------------------------------
+
+    @property
+    def wants_audio(self) -> bool:
+        return "audio" in self.options.modalities
+
+    def _addr(self, content_index: int = 0) -> dict[str, Any]:
+        return {"response_id": self.id, "item_id": self.item.id, "output_index": 0, "content_index": content_index}
+
+    def _response(self, status: str, **extra: Any) -> dict[str, Any]:
+        return response_object(self.id, status, modalities=list(self.options.modalities),
+                               output_format=self.options.output_format.ga_object(), voice=self.options.voice,
+                               max_output_tokens=self.options.max_output_tokens, session_id=self.session_id,
+                               **extra)
+
+    # Lifecycle ----------------------------------------------------------------------------
+
+    def start(self, engine: Any, request: OmniRequest, previous_item_id: str | None) -> None:
+        self.request_id = request.request_id
+        self.previous_item_id = previous_item_id
+        self._emit(event("response.created", response_id=self.id,
+                         response=self._response("in_progress", output=[], metadata=self.options.metadata)))
+        for kind in ("conversation.item.added", "conversation.item.created"):
+            self._emit(event(kind, previous_item_id=previous_item_id, item=self.item.to_wire()))
+        self._emit(event("response.output_item.added", response_id=self.id, output_index=0, item=self.item.to_wire()))
+        if self.wants_audio:
+            self._emit(event("response.content_part.added", **self._addr(0),
+                             part={"type": "audio", "transcript": ""}))
+        self.task = asyncio.create_task(self._run(engine, request), name=f"response-{self.id}")
+
+    async def _run(self, engine: Any, request: OmniRequest) -> None:
+        try:
+            async for output in engine.generate(request):
+                if self.done:
+                    return
+                if isinstance(output, TextDelta):
+                    self._on_text(output.text)
+                elif isinstance(output, AudioChunk):
+                    self._on_audio(output)
+                elif isinstance(output, RequestFinished):
+                    self._on_finished(output)
+                    return
+        except RequestError as exc:
+            self._fail("invalid_request_error", str(exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # an engine failure fails this response only
+            logger.exception("response %s failed", self.id)
+            self._fail("engine_error", f"{type(exc).__name__}: {exc}")
+
+    def _on_text(self, text: str) -> None:
+        if not self.transcript:
+            metrics.TTFT.observe(time.monotonic() - self._started_at)
+        self.transcript += text
+        self.item.text = self.transcript
+        if self.wants_audio:
+            self._emit(event("response.output_audio_transcript.delta", **self._addr(0), delta=text))
+            return
+        if not self._text_part:
+            self._text_part = True
+            self._emit(event("response.content_part.added", **self._addr(0), part={"type": "text", "text": ""}))
+        self._emit(event("response.output_text.delta", **self._addr(0), delta=text))
+
+    def _on_audio(self, chunk: AudioChunk) -> None:
+        if not self._audio_sent:
+            metrics.TTFP.observe(time.monotonic() - self._started_at)
+        self._audio_sent = True
+        self._sample_rate = chunk.sample_rate
+        self._audio_samples += len(chunk.pcm16) // 2
+        duration_ms = self._audio_samples * 1000 // chunk.sample_rate
+        self.item.audio_duration_ms = duration_ms
+        self.playback["generated_ms"] = self.playback["sent_ms"] = duration_ms
+        data, rate = encode_output(chunk.pcm16, chunk.sample_rate, self.options.output_format)
+        self._emit(event("response.output_audio.delta", **self._addr(0), delta=b64(data),
+                         format=self.options.output_format.name, sample_rate_hz=rate,
+                         metadata={"audio_duration_ms": duration_ms, "end_of_turn": False,
+                                   "playback": dict(self.playback), "session_id": self.session_id}))
+
+    def _on_finished(self, final: RequestFinished) -> None:
+        self._stage_metrics = stage_metrics_wire(final.stage_metrics, final.finish_reason)
+        if final.finish_reason == "error":
+            self._fail("engine_error", final.error or "engine failure")
+            return
+        if final.finish_reason == "abort":
+            return  # cancelled by us: the cancel path already ended the response
+        if final.finish_reason == "length" and self.options.client_limited:
+            self._finish("incomplete", {"type": "incomplete", "reason": "max_output_tokens"}, final)
+        else:
+            self._finish("completed", None, final)
+
+    def _fail(self, code: str, message: str) -> None:
+        if self.done:
+            return
+        self._emit(error_event(ProtocolError(code, message)))
+        self._finish("failed", {"type": "failed", "reason": code,
+                                "error": {"type": "server_error", "code": code, "message": message}}, None)
+
+    def cancel(self, engine: Any, reason: str) -> bool:
+        """Stop generating now; emits the cancelled done block. False if already done."""
+        if self.done:
+            return False
+        self._finish("cancelled", {"type": "cancelled", "reason": reason}, None)
+        if self.request_id is not None:
+            asyncio.ensure_future(engine.abort(self.request_id))
+        if self.task is not None and self.task is not asyncio.current_task():
+            self.task.cancel()
+        return True
+
+    def _finish(self, status: str, details: Any, final: RequestFinished | None) -> None:
+        self.done = True
+        self.status = status
+        self.item.status = "incomplete" if status in ("cancelled", "failed") else "completed"
+        transcript = self.item.kept_text
+        if self.wants_audio:
+            if self._audio_sent or self.transcript:
+                self._emit(event("response.output_audio.done", **self._addr(0)))
+            if transcript:
+                self._emit(event("response.output_audio_transcript.done", **self._addr(0), transcript=transcript))
+            self._emit(event("response.content_part.done", **self._addr(0),
+                             part={"type": "audio", "transcript": transcript}))
+        elif self._text_part:
+            self._emit(event("response.output_text.done", **self._addr(0), text=transcript))
+            self._emit(event("response.content_part.done", **self._addr(0), part={"type": "text", "text": transcript}))
+        item = self.item.to_wire()
+        self._emit(event("response.output_item.done", response_id=self.id, output_index=0, item=item))
+        self._emit(event("conversation.item.done", previous_item_id=self.previous_item_id, item=item))
+        usage = None
+        if final is not None:
+            talker = final.stage_metrics.get("talker")
+            text_tokens = len(final.token_ids)
+            audio_tokens = talker.outputs if talker else 0
+            prompt = final.prompt_tokens
+            usage = {"total_tokens": prompt + text_tokens + audio_tokens, "input_tokens": prompt,
+                     "output_tokens": text_tokens + audio_tokens,
+                     "input_token_details": {"text_tokens": prompt, "audio_tokens": 0, "image_tokens": 0,
+                                             "cached_tokens": 0},
+                     "output_token_details": {"text_tokens": text_tokens, "audio_tokens": audio_tokens}}
+        metadata = {**self.options.metadata, "vllm_omni": {"stage_metrics": self._stage_metrics},
+                    "playback": dict(self.playback), "committed": status == "completed"}
+        self._emit(event("response.done", response_id=self.id,
+                         response=self._response(status, status_details=details, output=[item], usage=usage,
+                                                 metadata=metadata)))
+        self._emit(event("rate_limits.updated", rate_limits=[]))
+        metrics.RESPONSES.labels(status=status).inc()
+        if self._audio_samples and self._sample_rate:
+            metrics.RTF.observe((time.monotonic() - self._started_at) / (self._audio_samples / self._sample_rate))
+        self._on_done(self)
+
+    def audio_sample_count(self) -> int:
+        return self._audio_samples
+
+    def cut_transcript(self, audio_end_ms: int) -> None:
+        """Keep only the text spoken in the first `audio_end_ms` (proportional: no alignment marks)."""
+        total = max(self.item.audio_duration_ms, 1)
+        chars = int(np.floor(len(self.item.text or "") * min(audio_end_ms, total) / total))
+        self.item.text_cap_chars = chars if self.item.text_cap_chars is None else min(chars, self.item.text_cap_chars)
