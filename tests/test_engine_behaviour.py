@@ -159,3 +159,17 @@ def test_final_record_carries_stage_metrics(engine) -> None:
     assert len(thinker.intervals_s) == thinker.outputs - 1 and thinker.mean_interval_s > 0
     assert talker.outputs > 0 and final.time_to_first_audio_s >= thinker.first_output_s
     assert final.audio_duration_s == pytest.approx((talker.outputs * 1920 - 555) / 24000)
+
+
+def test_talker_ending_before_the_thinker_frees_its_slot(tiny_loaded) -> None:
+    """Text keeps arriving for a talker request that already ended; it must not hold a slot."""
+    single = make_engine(tiny_loaded, max_num_seqs=1)
+    try:
+        async def three():
+            return await asyncio.gather(*(run_request(single, request(text=f"Question {i}", thinker=30, talker=3))
+                                          for i in range(3)))
+
+        results = asyncio.run(asyncio.wait_for(three(), 120))
+        assert all(r["final"].finish_reason in ("stop", "length") and len(r["pcm"]) > 0 for r in results)
+    finally:
+        single.shutdown()

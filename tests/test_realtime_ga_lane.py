@@ -22,12 +22,12 @@ S2_ORDER = ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stop
 def server(tiny_loaded):
     overrides = {"stages.1.default_sampling_params.max_tokens": 64,
                  "stages.1.default_sampling_params.min_tokens": 40}
-    with running_server(tiny_loaded, overrides) as (url, engine):
+    with running_server(tiny_loaded, overrides) as (url, engine, _):
         yield url, engine
 
 
 async def opened(url: str, update: dict | None = None) -> Client:
-    client = Client(await connect(url))
+    client = await connect(url)
     assert (await client.next())["type"] == "session.created"
     if update is not None:
         await client.send(update)
@@ -65,7 +65,7 @@ def test_server_vad_two_turns(server) -> None:
     url, engine = server
 
     async def scenario():
-        client = Client(await connect(url))
+        client = await connect(url)
         assert (await client.next())["type"] == "session.created"
         await client.send(SERVER_VAD_UPDATE)
         updated = await client.next()
@@ -79,7 +79,7 @@ def test_server_vad_two_turns(server) -> None:
             ids.append(check_s2_turn([e for e in turn if e["type"] != "rate_limits.updated"]))
         (item1, resp1), (item2, resp2) = ids
         assert item1 != item2 and resp1 != resp2
-        await client.ws.close()
+        await client.close()
 
     asyncio.run(scenario())
 
@@ -104,7 +104,7 @@ def test_barge_in_cancels_the_response_and_starts_the_next_turn(server) -> None:
         nxt = await client.until("response.done")
         assert nxt[-1]["response"]["status"] == "completed" and nxt[-1]["response"]["id"] != first_id
         assert not any(e.get("response_id") == first_id for e in nxt)  # nothing more of the cancelled one
-        await client.ws.close()
+        await client.close()
 
     asyncio.run(scenario())
 
@@ -138,7 +138,7 @@ def test_response_cancel_mid_stream(server) -> None:
         assert not any(e["type"] == "response.output_audio.delta" for e in tail)
         done = await manual_turn(client)
         assert done[-1]["response"]["status"] == "completed"
-        await client.ws.close()
+        await client.close()
 
     asyncio.run(scenario())
 
@@ -187,7 +187,7 @@ def test_every_error_case_then_a_successful_turn(server) -> None:
                 assert error["event_id"] == payload["event_id"], name
             done = await manual_turn(client, modalities=["text"] if code != "bad_audio" else None)
             assert done[-1]["response"]["status"] in ("completed", "incomplete"), name
-        await client.ws.close()
+        await client.close()
 
     asyncio.run(scenario())
 
@@ -207,7 +207,7 @@ def test_response_create_while_active(server) -> None:
         assert [e["error"]["code"] for e in errors] == ["response_already_active"]
         assert errors[0]["error"]["event_id"] == "again"
         assert events[-1]["response"]["status"] == "completed"
-        await client.ws.close()
+        await client.close()
 
     asyncio.run(scenario())
 

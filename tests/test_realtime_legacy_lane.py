@@ -15,20 +15,19 @@ LEGACY_VOCABULARY = {"session.created", "transcription.delta", "transcription.do
 
 @pytest.fixture(scope="module")
 def async_server(tiny_loaded):
-    with running_server(tiny_loaded, {"stages.1.default_sampling_params.max_tokens": 96}) as (url, _):
+    with running_server(tiny_loaded, {"stages.1.default_sampling_params.max_tokens": 96}) as (url, _, _):
         yield url
 
 
 @pytest.fixture(scope="module")
 def sync_server(tiny_loaded):
     with running_server(tiny_loaded, {"async_chunk": False,
-                                      "stages.1.default_sampling_params.max_tokens": 96}) as (url, _):
+                                      "stages.1.default_sampling_params.max_tokens": 96}) as (url, _, _):
         yield url
 
 
 async def legacy_turn(url: str, delay: float) -> tuple[Client, dict]:
-    ws = await connect(url)
-    client = Client(ws)
+    client = await connect(url)
     try:
         assert (await client.next())["type"] == "session.created"
         await client.send({"type": "session.update", "model": MODEL_NAME})
@@ -37,7 +36,7 @@ async def legacy_turn(url: str, delay: float) -> tuple[Client, dict]:
         await client.send({"type": "input_audio_buffer.commit", "final": True})
         events = await client.until("response.output_audio.done", timeout=180)
     finally:
-        await ws.close()
+        await client.close()
     audio = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "response.output_audio.delta")
     text = "".join(e["delta"] for e in events if e["type"] == "transcription.delta")
     done = next(e for e in events if e["type"] == "transcription.done")
@@ -70,7 +69,7 @@ def test_legacy_async_chunk_off_no_delay(sync_server) -> None:
 def test_legacy_long_answer_completes(tiny_loaded) -> None:
     long_answer = {"stages.1.default_sampling_params.max_tokens": 160,
                    "stages.1.default_sampling_params.min_tokens": 100}  # 8 s of speech at least
-    with running_server(tiny_loaded, long_answer) as (url, _):
+    with running_server(tiny_loaded, long_answer) as (url, _, _):
         client, result = asyncio.run(legacy_turn(url, delay=0.0))
     check_legacy_output(client, result)
     assert len(result["audio"]) / 2 / 24000 > 5.0
@@ -78,8 +77,7 @@ def test_legacy_long_answer_completes(tiny_loaded) -> None:
 
 def test_legacy_errors_keep_the_connection(async_server) -> None:
     async def scenario():
-        ws = await connect(async_server)
-        client = Client(ws)
+        client = await connect(async_server)
         try:
             await client.next()
             await client.send({"type": "session.update", "model": "no-such-model"})  # selects the legacy lane
@@ -93,6 +91,6 @@ def test_legacy_errors_keep_the_connection(async_server) -> None:
             await client.send({"type": "response.create"})
             assert (await client.next())["code"] == "unknown_event"
         finally:
-            await ws.close()
+            await client.close()
 
     asyncio.run(scenario())

@@ -3,8 +3,10 @@
 The worker sleeps on its inbox while none of its requests can progress, and wakes the
 moment a message arrives, so a ready output is forwarded at once instead of waiting for a
 polling round. Between any two steps it reads the inbox again, so an abort takes effect
-within one step. At most `max_active` requests are stepped at a time (the stage's
-`max_num_seqs`); later ones wait, in arrival order, without holding KV cache.
+within one step. Only the `max_active` oldest requests of the stage (its `max_num_seqs`)
+are stepped; later ones wait, in arrival order, without holding KV cache. The program's
+own request table decides who is admitted, so a late message for a request that already
+ended in this stage cannot occupy a slot.
 
 Why threads in one process (torch backend): all stages share the model weights loaded
 once, tensors pass between stages without copies, and torch kernels release the GIL, so
@@ -19,7 +21,7 @@ import queue
 import threading
 from collections.abc import Callable
 
-from vllm_omni.models.stage_api import StageDone, StageProgram
+from vllm_omni.models.stage_api import StageProgram
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +40,6 @@ class StageWorker:
         self._on_event, self._on_error = on_event, on_error
         self.max_active = max_active
         self._inbox: queue.SimpleQueue[tuple[str, str, object]] = queue.SimpleQueue()
-        self._admitted: list[str] = []
-        self._waiting: list[str] = []
         self._running = True
         self._thread = threading.Thread(target=self._run, name=f"stage-{role}", daemon=True)
 
@@ -58,26 +58,18 @@ class StageWorker:
         self._thread.join(timeout=STOP_TIMEOUT_S)
 
     def num_requests(self) -> int:
-        return self.program.num_requests()
+        return len(self.program.request_ids())
 
     def queue_depth(self) -> int:
-        return self._inbox.qsize() + len(self._waiting)
+        return self._inbox.qsize() + max(0, self.num_requests() - self.max_active)
 
-    def _forget(self, request_id: str) -> None:
-        for table in (self._admitted, self._waiting):
-            if request_id in table:
-                table.remove(request_id)
-        while self._waiting and len(self._admitted) < self.max_active:
-            self._admitted.append(self._waiting.pop(0))
+    def _admitted(self) -> set[str]:
+        return set(self.program.request_ids()[: self.max_active])
 
     def _handle(self, kind: str, request_id: str, message: object) -> None:
         if kind == "drop":
             self.program.drop(request_id)
-            self._forget(request_id)
         elif kind == "message":
-            if request_id not in self._admitted and request_id not in self._waiting:
-                target = self._admitted if len(self._admitted) < self.max_active else self._waiting
-                target.append(request_id)
             try:
                 self.program.accept(request_id, message)
             except Exception as exc:  # a bad message fails its request only
@@ -98,20 +90,18 @@ class StageWorker:
     def _fail(self, request_id: str, exc: Exception) -> None:
         logger.exception("stage %s failed on request %s", self.role, request_id)
         self.program.drop(request_id)
-        self._forget(request_id)
         self._on_error(self.role, request_id, exc)
 
     def _emit(self, request_id: str, event: object) -> None:
-        if isinstance(event, StageDone):
-            self._forget(request_id)
         self._on_event(self.role, request_id, event)
 
     def _run(self) -> None:
         while self._running:
-            runnable = [rid for rid in self.program.runnable() if rid in self._admitted]
+            admitted = self._admitted()
+            runnable = [rid for rid in self.program.runnable() if rid in admitted]
             self._drain(block=not runnable)
             for request_id in runnable:
-                if request_id not in self._admitted:  # dropped while this round ran
+                if request_id not in self.program.request_ids():  # ended or dropped during this round
                     continue
                 try:
                     self.program.step(request_id, self._emit)

@@ -56,5 +56,5 @@ class StageProgram(Protocol):
     def step(self, request_id: str, emit: Emit) -> None:
         """Advance one request by one step."""
 
-    def num_requests(self) -> int:
-        """Requests holding state in this stage."""
+    def request_ids(self) -> list[str]:
+        """Requests holding state in this stage, in arrival order."""

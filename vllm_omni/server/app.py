@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,6 +23,7 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics.STAGE_QUEUES.source = engine.queue_depths
+        app.state.loop = asyncio.get_running_loop()
         yield
         metrics.STAGE_QUEUES.source = None
         engine.shutdown()

@@ -89,8 +89,8 @@ class ThinkerProgram:
     def runnable(self) -> list[str]:
         return list(self._requests)
 
-    def num_requests(self) -> int:
-        return len(self._requests)
+    def request_ids(self) -> list[str]:
+        return list(self._requests)
 
     def step(self, request_id: str, emit: Emit) -> None:
         seq, job = self._requests[request_id]
@@ -145,8 +145,8 @@ class TalkerProgram:
     def drop(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
 
-    def num_requests(self) -> int:
-        return len(self._requests)
+    def request_ids(self) -> list[str]:
+        return list(self._requests)
 
     def _text_ready(self, state: _TalkerState) -> bool:
         return bool(state.trailing) or state.thinker_finished
@@ -211,8 +211,8 @@ class Code2WavProgram:
     def runnable(self) -> list[str]:
         return [rid for rid, chunks in self._pending.items() if chunks]
 
-    def num_requests(self) -> int:
-        return len(self._streams)
+    def request_ids(self) -> list[str]:
+        return list(self._streams)
 
     def step(self, request_id: str, emit: Emit) -> None:
         chunk = self._pending[request_id].popleft()
