@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TINY_MODEL ?= .models/qwen3_omni_tiny
 
-.PHONY: setup lint test tiny-model clean
+.PHONY: setup lint test tiny-model serve clean
 
 setup:
 	bash scripts/setup.sh
@@ -17,6 +17,12 @@ test: lint
 
 tiny-model: setup
 	HF_HUB_OFFLINE=1 $(BIN)/vllm-omni make-tiny-model --arch qwen3_omni_moe --out $(TINY_MODEL)
+
+# Serve the tiny checkpoint on CPU (built on first use): ws://127.0.0.1:8000/v1/realtime
+serve: setup
+	test -f $(TINY_MODEL)/model.safetensors || $(MAKE) tiny-model
+	HF_HUB_OFFLINE=1 $(BIN)/vllm-omni serve $(TINY_MODEL) --deploy-config configs/qwen3_omni_tiny_cpu.yaml \
+		--host 127.0.0.1 --port 8000 --served-model-name qwen3-omni-tiny
 
 clean:
 	rm -rf $(VENV) .models .pytest_cache .ruff_cache

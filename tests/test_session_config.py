@@ -1,0 +1,107 @@
+"""session.update parsing: the three shapes, precedence, defaults, validation order."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_omni.protocol.errors import ProtocolError
+from vllm_omni.protocol.session_config import SessionConfig, apply_session_update, session_object
+
+SERVED = ["tiny"]
+
+
+def fresh() -> SessionConfig:
+    return SessionConfig(id="sess_1", model="tiny")
+
+
+def update(session: dict, current: SessionConfig | None = None) -> SessionConfig:
+    return apply_session_update(current or fresh(), session, SERVED)
+
+
+def error(session: dict, current: SessionConfig | None = None) -> ProtocolError:
+    with pytest.raises(ProtocolError) as caught:
+        update(session, current)
+    return caught.value
+
+
+def test_server_vad_defaults_are_filled_and_echoed_in_both_places() -> None:
+    config = update({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000},
+                                         "turn_detection": {"type": "server_vad"}}}})
+    echoed = session_object(config, {})
+    expected = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
+                "create_response": True, "interrupt_response": False, "idle_timeout_ms": None,
+                "min_speech_duration_ms": 96}
+    assert echoed["audio"]["input"]["turn_detection"] == expected == echoed["turn_detection"]
+    assert echoed["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 16000}
+    assert echoed["audio"]["output"]["format"] == {"type": "audio/pcm", "rate": 24000}
+    assert echoed["overlap_policy"] == "listen_only"
+
+
+def test_flat_keys_win_over_nested_ones() -> None:
+    config = update({"input_audio_format": "g711_ulaw", "audio": {"input": {"format": {"type": "audio/pcm"}}},
+                     "modalities": ["text"], "output_modalities": ["audio"], "voice": "aiden",
+                     "max_response_output_tokens": 12, "max_output_tokens": 99})
+    assert (config.input_format.name, config.input_format.rate) == ("g711_ulaw", 8000)
+    assert config.modalities == ["text"] and config.voice == "aiden" and config.max_output_tokens == 12
+
+
+def test_input_rate_precedence_and_ga_default_rate() -> None:
+    assert update({"audio": {"input": {"format": {"type": "audio/pcm"}}}}).input_format.rate == 24000
+    assert update({"input_audio_format": "pcm16"}).input_format.rate == 16000
+    assert update({"sample_rate_hz": 48000, "sample_rate": 8000,
+                   "audio": {"input": {"format": {"type": "audio/pcm", "rate": 22050}}}}).input_format.rate == 48000
+
+
+def test_patch_semantics_keep_what_is_not_sent() -> None:
+    first = update({"instructions": "Be brief.", "voice": "ethan"})
+    second = update({"temperature": 0.3}, first)
+    assert second.instructions == "Be brief." and second.voice == "ethan" and second.temperature == 0.3
+    assert update({"instructions": None}, second).instructions is None
+
+
+def test_max_tokens_spellings_of_unlimited() -> None:
+    for value in ("inf", "unlimited", None, 0, -3, "many"):
+        assert update({"max_output_tokens": value}).max_output_tokens == "inf"
+
+
+def test_overlap_policy_derives_interrupt_response() -> None:
+    config = update({"turn_detection": {"type": "server_vad"}, "overlap_policy": "barge_in_on_speech"})
+    assert config.turn_detection.interrupt_response is True and config.overlap_policy == "barge_in_on_speech"
+    assert error({"overlap_policy": "barge_in_on_speech"}).code == "unsupported_turn_detection"
+    conflict = error({"turn_detection": {"type": "server_vad", "interrupt_response": False},
+                      "overlap_policy": "barge_in_on_speech"})
+    assert "conflicts" in conflict.message
+
+
+@pytest.mark.parametrize(("session", "code", "param"), [
+    ({"model": "other"}, "model_not_found", "model"),
+    ({"type": "transcription"}, "bad_event", "session.type"),
+    ({"input_audio_format": "mp3"}, "unsupported_audio_format", "audio.input.format"),
+    ({"output_audio_format": "pcm_f32le"}, "unsupported_audio_format", "audio.output.format"),
+    ({"sample_rate_hz": 4000}, "bad_event", "sample_rate_hz"),
+    ({"sample_rate_hz": 16000.5}, "bad_event", "sample_rate_hz"),
+    ({"turn_detection": "on"}, "unsupported_turn_detection", "turn_detection"),
+    ({"turn_detection": {"type": "semantic_vad"}}, "unsupported_turn_detection", "turn_detection"),
+    ({"turn_detection": {"type": "server_vad", "eagerness": "high"}}, "unsupported_turn_detection",
+     "turn_detection"),
+    ({"turn_detection": {"type": "server_vad", "threshold": 0.1}}, "unsupported_turn_detection", "turn_detection"),
+    ({"turn_detection": {"type": "server_vad", "silence_duration_ms": -1}}, "unsupported_turn_detection",
+     "turn_detection"),
+    ({"voice": {"id": "custom"}}, "bad_event", "audio.output.voice"),
+    ({"tools": [{"type": "function", "name": "f"}]}, "invalid_duplex_runtime_config", "tools"),
+    ({"extra_body": {"auto_response": True}}, "invalid_duplex_runtime_config", "extra_body"),
+])
+def test_rejections(session: dict, code: str, param: str) -> None:
+    problem = error(session)
+    assert (problem.code, problem.param) == (code, param)
+
+
+def test_format_errors_are_reported_before_turn_detection_errors() -> None:
+    problem = error({"input_audio_format": "mp3", "turn_detection": {"type": "semantic_vad"}})
+    assert problem.code == "unsupported_audio_format"
+
+
+def test_a_rejected_update_changes_nothing() -> None:
+    current = update({"instructions": "keep"})
+    error({"instructions": "changed", "turn_detection": {"type": "semantic_vad"}}, current)
+    assert current.instructions == "keep"
