@@ -109,11 +109,16 @@ def test_barge_in_cancels_the_response_and_starts_the_next_turn(server) -> None:
     asyncio.run(scenario())
 
 
-async def manual_turn(client: Client, modalities: list[str] | None = None) -> list[dict]:
+async def start_manual_turn(client: Client, modalities: list[str] | None = None) -> None:
+    """Append a spoken question, commit it, ask for a response."""
     await client.send_all(append_events(fixture_pcm("speech_en_single.wav")))
     await client.send({"type": "input_audio_buffer.commit"})
     response = {"output_modalities": modalities} if modalities else {}
     await client.send({"type": "response.create", "response": response})
+
+
+async def manual_turn(client: Client, modalities: list[str] | None = None) -> list[dict]:
+    await start_manual_turn(client, modalities)
     return await client.until("response.done")
 
 
@@ -122,9 +127,7 @@ def test_response_cancel_mid_stream(server) -> None:
 
     async def scenario():
         client = await opened(url)
-        await client.send_all(append_events(fixture_pcm("speech_en_single.wav")))
-        await client.send({"type": "input_audio_buffer.commit"})
-        await client.send({"type": "response.create"})
+        await start_manual_turn(client)
         await client.until("response.output_audio.delta")
         await client.send({"type": "response.cancel"})
         after = await client.until("response.done")
@@ -197,9 +200,7 @@ def test_response_create_while_active(server) -> None:
 
     async def scenario():
         client = await opened(url)
-        await client.send_all(append_events(fixture_pcm("speech_en_single.wav")))
-        await client.send({"type": "input_audio_buffer.commit"})
-        await client.send({"type": "response.create"})
+        await start_manual_turn(client)
         await client.until("response.created")
         await client.send({"type": "response.create", "event_id": "again"})
         events = await client.until("response.done")
