@@ -29,12 +29,14 @@ class RecordingPipeline(Qwen3OmniPipeline):
 
 
 def make_engine(checkpoint, *, async_chunk: bool = True, first: int = 4, later: int = 25,
-                code2wav_mode: str = "exact", max_num_seqs: int | None = None) -> OmniEngine:
+                code2wav_mode: str = "exact", max_num_seqs: int | None = None,
+                thinker_backend: str = "torch") -> OmniEngine:
     deploy = load_deploy_config(get_deploy_config_path("qwen3_omni_tiny_cpu"), platform="cpu")
     chunking = {"initial_codec_chunk_frames": first, "codec_chunk_frames": later}
     connectors = [c.model_copy(update={"extra": c.extra.model_copy(update=chunking)}) if c.extra else c
                   for c in deploy.connectors]
-    stages = deploy.stages
+    stages = [s.model_copy(update={"backend": thinker_backend}) if s.role == "thinker" else s
+              for s in deploy.stages]
     if max_num_seqs is not None:
         stages = [s.model_copy(update={"engine_args": s.engine_args.model_copy(
             update={"max_num_seqs": max_num_seqs})}) for s in stages]

@@ -24,6 +24,7 @@ from vllm_omni.audio.log_mel import log_mel_features
 from vllm_omni.audio.pcm import float_to_pcm16, validate_model_audio
 from vllm_omni.config import DeployConfig, SamplingParams, load_deploy_config
 from vllm_omni.config.errors import describe_validation_error
+from vllm_omni.engine.async_stage import AsyncEngineStage
 from vllm_omni.engine.detokenizer import IncrementalDetokenizer
 from vllm_omni.engine.request import (
     AudioChunk,
@@ -38,7 +39,7 @@ from vllm_omni.engine.stage_timing import StageTimer
 from vllm_omni.engine.stage_worker import StageWorker
 from vllm_omni.models.qwen3_omni.checkpoint import load_checkpoint
 from vllm_omni.models.qwen3_omni.pipeline import Qwen3OmniPipeline, RouteState
-from vllm_omni.models.stage_api import AudioSamples, StageDone, StageOutput, TextToken
+from vllm_omni.models.stage_api import AsyncStageDriver, AudioSamples, StageDone, StageOutput, TextToken
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +69,11 @@ class OmniEngine:
         self.deploy = deploy
         self._records: dict[str, _Record] = {}
         self._lock = threading.Lock()
-        self.workers = {
-            role: StageWorker(role, program, self._on_event, self._on_error,
-                              max_active=deploy.stage_by_role(role).engine_args.max_num_seqs or 8)
-            for role, program in pipeline.make_programs().items()}
+        self.workers: dict[str, StageWorker | AsyncEngineStage] = {}
+        for role, program in pipeline.make_programs().items():
+            stage_kind = AsyncEngineStage if isinstance(program, AsyncStageDriver) else StageWorker
+            self.workers[role] = stage_kind(role, program, self._on_event, self._on_error,
+                                            max_active=deploy.stage_by_role(role).engine_args.max_num_seqs or 8)
         self.max_requests = max_waiting_factor * self.workers["thinker"].max_active
         for worker in self.workers.values():
             worker.start()
@@ -81,9 +83,9 @@ class OmniEngine:
                         code2wav_mode: str = "exact") -> OmniEngine:
         deploy = deploy_config if isinstance(deploy_config, DeployConfig) else load_deploy_config(deploy_config)
         for stage in deploy.stages:
-            if stage.backend != "torch":
-                raise NotImplementedError(f"stage {stage.stage_id} ({stage.role}): backend {stage.backend!r} "
-                                          "is not available yet; use backend: torch")
+            if stage.backend == "vllm" and stage.role != "thinker":
+                raise NotImplementedError(f"stage {stage.stage_id} ({stage.role}): backend 'vllm' is available "
+                                          "for the thinker only so far; use backend: torch")
         dtype = deploy.stage_by_role("thinker").engine_args.dtype or "float32"
         checkpoint = load_checkpoint(model, dtype=dtype)
         return cls(Qwen3OmniPipeline(checkpoint, deploy, code2wav_mode=code2wav_mode), deploy)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -58,3 +58,18 @@ class StageProgram(Protocol):
 
     def request_ids(self) -> list[str]:
         """Requests holding state in this stage, in arrival order."""
+
+
+@runtime_checkable
+class AsyncStageDriver(Protocol):
+    """A stage served by an engine with its own scheduler (vLLM's AsyncLLM): one coroutine
+    per request instead of steps; batching happens inside the engine."""
+
+    async def start(self) -> None:
+        """Bring the engine up (called once, on the stage's event loop)."""
+
+    async def run(self, request_id: str, message: object, emit: Emit) -> None:
+        """Serve one request to the end; cancellation aborts it in the engine."""
+
+    async def shutdown(self) -> None:
+        """Stop the engine."""

@@ -35,7 +35,8 @@ from vllm_omni.models.qwen3_omni.stages import (
     TrailingText,
 )
 from vllm_omni.models.qwen3_omni.talker_bridge import speaker_codec_id
-from vllm_omni.models.stage_api import StageDone, StageProgram, TextToken
+from vllm_omni.models.qwen3_omni.vllm_thinker import VllmThinkerDriver
+from vllm_omni.models.stage_api import AsyncStageDriver, StageDone, StageProgram, TextToken
 
 Route = list[tuple[str, object]]
 
@@ -92,8 +93,12 @@ class Qwen3OmniPipeline:
         self.chunking = connector.extra if connector is not None else CodecChunking()
         self.code2wav_mode = code2wav_mode
 
-    def make_programs(self) -> dict[str, StageProgram]:
-        return {"thinker": ThinkerProgram(self.checkpoint),
+    def make_programs(self) -> dict[str, StageProgram | AsyncStageDriver]:
+        """Per role: a step program (torch backend) or an engine driver (vllm backend)."""
+        thinker_stage = self.deploy.stage_by_role("thinker")
+        thinker = VllmThinkerDriver(self.checkpoint, thinker_stage) if thinker_stage.backend == "vllm" \
+            else ThinkerProgram(self.checkpoint)
+        return {"thinker": thinker,
                 "talker": TalkerProgram(self.checkpoint),
                 "code2wav": Code2WavProgram(self.checkpoint, self.code2wav_mode,
                                             self.chunking.codec_left_context_frames)}

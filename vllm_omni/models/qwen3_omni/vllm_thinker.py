@@ -1,0 +1,142 @@
+"""The thinker on vLLM: vLLM's own Qwen3-Omni thinker model class behind AsyncLLM.
+
+Audio goes through vLLM's multimodal path as precomputed log-mel features (computed
+incrementally while the user spoke, audio/log_mel.py), which vLLM accepts with
+`enable_mm_embeds` and expands to the same number of `<|audio_pad|>` positions as
+transformers. The talker's prompt needs the thinker's layer-0 and accept-layer rows of the
+prompt; `vllm_capture.CaptureCPUWorker` keeps them in the worker and this driver takes
+them with one `collective_rpc` once the first token exists.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from vllm_omni.config import SamplingParams, StageConfig
+from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
+from vllm_omni.models.qwen3_omni.stages import ThinkerJob, ThinkerPrefilled
+from vllm_omni.models.qwen3_omni.thinker_torch import ThinkerPrefill
+from vllm_omni.models.stage_api import Emit, StageDone, TextToken
+
+CAPTURE_WORKER = "vllm_omni.models.qwen3_omni.vllm_capture.CaptureCPUWorker"
+
+
+def collapse_audio_placeholders(input_ids: list[int], audio_token_id: int) -> list[int]:
+    """One `<|audio_pad|>` per audio item: vLLM's processor expands it from the features."""
+    collapsed: list[int] = []
+    for token in input_ids:
+        if not (token == audio_token_id and collapsed and collapsed[-1] == audio_token_id):
+            collapsed.append(token)
+    return collapsed
+
+
+class VllmThinkerDriver:
+    def __init__(self, checkpoint: Qwen3OmniCheckpoint, stage: StageConfig):
+        self.checkpoint = checkpoint
+        self.stage = stage
+        self.engine: Any = None
+        self.eos_token_id = checkpoint.config.im_end_token_id
+        self.audio_token_id = checkpoint.config.thinker_config.audio_token_id
+
+    def _engine_args(self) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        args = self.stage.engine_args
+        kwargs: dict[str, Any] = {
+            "model": self.checkpoint.path, "dtype": args.dtype or "auto", "enable_mm_embeds": True,
+            "limit_mm_per_prompt": args.limit_mm_per_prompt or {"audio": 4, "image": 0, "video": 0},
+            "tensor_parallel_size": args.tensor_parallel_size, "trust_remote_code": args.trust_remote_code,
+        }
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization",
+                     "enforce_eager"):
+            value = getattr(args, name)
+            if value is not None:
+                kwargs[name] = value
+        if args.enable_prefix_caching:
+            raise ValueError("thinker on vLLM: enable_prefix_caching must be off; cached prompt positions are "
+                             "not recomputed, so the talker would miss their hidden states")
+        kwargs["enable_prefix_caching"] = False
+        if _cpu_platform():
+            kwargs["worker_cls"] = CAPTURE_WORKER
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        else:
+            raise NotImplementedError("the vLLM thinker's hidden-state capture is wired for the CPU worker "
+                                      "only so far; use backend: torch on GPUs for now")
+        kwargs.update(args.extra)
+        return AsyncEngineArgs(**kwargs)
+
+    async def start(self) -> None:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.engine = AsyncLLM.from_engine_args(self._engine_args())
+
+    async def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+
+    def _sampling(self, params: SamplingParams) -> Any:
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return VllmSamplingParams(
+            temperature=params.temperature, top_k=params.top_k if params.top_k is not None else 0,
+            top_p=params.top_p, min_p=params.min_p, max_tokens=params.max_tokens, min_tokens=params.min_tokens,
+            repetition_penalty=params.repetition_penalty, seed=params.seed, ignore_eos=params.ignore_eos,
+            stop_token_ids=[self.eos_token_id, *params.stop_token_ids], detokenize=False,
+            output_kind=RequestOutputKind.DELTA)
+
+    def _prompt(self, job: ThinkerJob) -> Any:
+        from vllm.inputs import TokensPrompt
+
+        ids = collapse_audio_placeholders(job.prompt.input_ids, self.audio_token_id)
+        features = job.prompt.audio_features
+        if not features:
+            return TokensPrompt(prompt_token_ids=ids)
+        # Several items go in as one padded batch, as transformers' processor lays them out.
+        lengths = torch.tensor([f.shape[-1] for f in features])
+        batch = torch.zeros(len(features), features[0].shape[0], int(lengths.max()))
+        mask = torch.zeros(len(features), int(lengths.max()), dtype=torch.long)
+        for i, f in enumerate(features):
+            batch[i, :, : f.shape[-1]] = f
+            mask[i, : f.shape[-1]] = 1
+        audio = {"input_audio_features": batch if len(features) > 1 else batch[0],
+                 "audio_feature_lengths": lengths, "feature_attention_mask": mask}
+        return TokensPrompt(prompt_token_ids=ids, multi_modal_data={"audio": audio})
+
+    async def _prompt_rows(self, request_id: str, first_token: int, length: int) -> ThinkerPrefill:
+        rows = await self.engine.collective_rpc("omni_take_hidden_rows", args=(request_id,))
+        captured = torch.tensor(rows[0], dtype=self.checkpoint.talker.dtype)[:length]
+        if captured.shape[0] != length:
+            raise RuntimeError(f"captured {captured.shape[0]} thinker rows for a {length}-token prompt")
+        return ThinkerPrefill(first_token=first_token, embeddings=captured[:, 0], accept_hidden=captured[:, 1])
+
+    async def run(self, request_id: str, message: object, emit: Emit) -> None:
+        if not isinstance(message, ThinkerJob):
+            raise TypeError(f"thinker cannot take {type(message).__name__}")
+        job = message
+        generated: list[int] = []
+        try:
+            async for output in self.engine.generate(self._prompt(job), self._sampling(job.sampling), request_id):
+                tokens = list(output.outputs[0].token_ids)
+                for i, token in enumerate(tokens):
+                    last = output.finished and i == len(tokens) - 1
+                    if not generated and job.report_prefill and not last:
+                        prefill = await self._prompt_rows(request_id, token, len(job.prompt.input_ids))
+                        emit(ThinkerPrefilled(job.prompt.input_ids, prefill))
+                    generated.append(token)
+                    emit(TextToken(token, fed=not last))
+                if output.finished:
+                    emit(StageDone("length" if output.outputs[0].finish_reason == "length" else "stop",
+                                   len(generated)))
+        finally:
+            await self.engine.collective_rpc("omni_forget", args=(request_id,))
+
+
+def _cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
