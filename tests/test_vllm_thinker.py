@@ -93,3 +93,31 @@ def test_server_vad_two_turns_with_the_vllm_thinker(tiny_loaded) -> None:
 
     with running_server(tiny_loaded, overrides) as (url, _, _):
         asyncio.run(scenario(url))
+
+
+def test_a_dead_engine_fails_its_requests_instead_of_hanging(tiny_loaded) -> None:
+    import os
+    import signal
+
+    import psutil
+
+    engine = make_engine(tiny_loaded, thinker_backend="vllm")
+    try:
+        async def scenario():
+            long = OmniRequest([Message("user", text="Tell me everything.")],
+                               sampling={"thinker": {"max_tokens": 1000}, "talker": {"max_tokens": 1000}})
+            stream = engine.generate(long)
+            await stream.__anext__()
+            children = psutil.Process().children(recursive=True)
+            cores = [p for p in children if "EngineCore" in " ".join(p.cmdline()) + p.name()]
+            assert cores, [p.name() for p in children]
+            for core in cores:
+                os.kill(core.pid, signal.SIGKILL)
+            outputs = [output async for output in stream]
+            assert outputs[-1].finish_reason == "error" and "thinker" in outputs[-1].error
+            after = await asyncio.wait_for(run_request(engine, engine_request("text")), 60)
+            assert after["final"].finish_reason == "error"
+
+        asyncio.run(asyncio.wait_for(scenario(), 180))
+    finally:
+        engine.shutdown()

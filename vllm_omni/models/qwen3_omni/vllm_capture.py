@@ -3,7 +3,7 @@
 Extension point (vllm-integration.md §2.2, option A): vLLM's own Qwen3-Omni thinker
 already implements `SupportsEagle3.set_aux_hidden_state_layers`, which makes its forward
 return the inputs of chosen decoder layers next to the final hidden states. A custom
-`worker_cls` swaps the model runner's class for a subclass that turns that on after the
+`worker_cls` (vllm_capture_workers.py) swaps the model runner's class for a subclass that turns that on after the
 model loads, takes the aux tensors off the forward's output (so the rest of vLLM sees the
 ordinary output), and files the rows under their request ids using the batch layout
 (`input_batch.req_ids`, `num_scheduled_tokens`). No model code is copied and no vLLM file
@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from vllm.v1.worker.cpu_worker import CPUWorker
 
 
 class _CaptureRunnerMixin:
@@ -64,8 +63,9 @@ class _CaptureRunnerMixin:
             del self._omni_rows[key]
 
 
-class CaptureCPUWorker(CPUWorker):
-    """`worker_cls` for the CPU platform (the GPU worker gets the same mixin)."""
+class CaptureWorkerMixin:
+    """Put in front of a vLLM worker class: after the worker built its model runner, the
+    runner's class becomes a subclass with `_CaptureRunnerMixin` in front."""
 
     def init_device(self) -> None:
         super().init_device()

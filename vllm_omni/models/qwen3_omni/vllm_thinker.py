@@ -21,7 +21,7 @@ from vllm_omni.models.qwen3_omni.stages import ThinkerJob, ThinkerPrefilled
 from vllm_omni.models.qwen3_omni.thinker_torch import ThinkerPrefill
 from vllm_omni.models.stage_api import Emit, StageDone, TextToken
 
-CAPTURE_WORKER = "vllm_omni.models.qwen3_omni.vllm_capture.CaptureCPUWorker"
+CAPTURE_WORKERS = "vllm_omni.models.qwen3_omni.vllm_capture_workers.Capture{}Worker"
 
 
 def collapse_audio_placeholders(input_ids: list[int], audio_token_id: int) -> list[int]:
@@ -60,11 +60,10 @@ class VllmThinkerDriver:
                              "not recomputed, so the talker would miss their hidden states")
         kwargs["enable_prefix_caching"] = False
         if _cpu_platform():
-            kwargs["worker_cls"] = CAPTURE_WORKER
+            kwargs["worker_cls"] = CAPTURE_WORKERS.format("CPU")
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        else:
-            raise NotImplementedError("the vLLM thinker's hidden-state capture is wired for the CPU worker "
-                                      "only so far; use backend: torch on GPUs for now")
+        else:  # CUDA / ROCm: the same runner mixin on vLLM's GPU worker (not yet run on a GPU here)
+            kwargs["worker_cls"] = CAPTURE_WORKERS.format("GPU")
         kwargs.update(args.extra)
         return AsyncEngineArgs(**kwargs)
 
