@@ -142,12 +142,12 @@ class VadDetector:
         self._min_silence = max(1, round(config.silence_duration_ms * 16))
         self._negative = max(config.threshold - 0.15, 0.01)
         self.processed = start_sample
+        self._pending = np.zeros(0, np.float32)
         self.reset()
 
     def reset(self) -> None:
         """Forget speech state and pending samples; the clock keeps counting."""
-        pending = getattr(self, "_pending", np.zeros(0, np.float32))
-        self.processed += pending.size  # dropped samples still happened on the timeline
+        self.processed += self._pending.size  # dropped samples still happened on the timeline
         self._pending = np.zeros(0, np.float32)
         self._state = np.zeros((2, 1, 128), np.float32)
         self._context = np.zeros(CONTEXT, np.float32)

@@ -30,7 +30,7 @@ class Item:
     def to_wire(self) -> dict[str, Any]:
         content: list[dict[str, Any]] = []
         if self.role == "assistant":
-            if self.audio_duration_ms or self.status != "in_progress" or self.text is not None:
+            if self.status != "in_progress":  # an open assistant item has no parts yet
                 content.append({"type": "output_audio", "transcript": self.kept_text,
                                 "audio_duration_ms": self.audio_duration_ms})
         else:
@@ -39,8 +39,7 @@ class Item:
             if self.text:
                 content.append({"type": "input_text", "text": self.text})
         return {"id": self.id, "object": "realtime.item", "type": "message", "role": self.role,
-                "status": self.status, "content": content if self.status != "in_progress" or self.role != "assistant"
-                else []}
+                "status": self.status, "content": content}
 
 
 @dataclass
@@ -64,10 +63,6 @@ class Conversation:
         if item is not None:
             self.items.remove(item)
         return item is not None
-
-    def previous_of(self, item: Item) -> str | None:
-        index = self.items.index(item)
-        return self.items[index - 1].id if index else None
 
     def messages(self, instructions: str | None) -> list[Message]:
         """The engine's view: system instructions, then every turn that says something."""

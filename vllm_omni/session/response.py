@@ -227,9 +227,6 @@ class ResponseRun:
             metrics.RTF.observe((time.monotonic() - self._started_at) / (self._audio_samples / self._sample_rate))
         self._on_done(self)
 
-    def audio_sample_count(self) -> int:
-        return self._audio_samples
-
     def cut_transcript(self, audio_end_ms: int) -> None:
         """Keep only the text spoken in the first `audio_end_ms` (proportional: no alignment marks)."""
         total = max(self.item.audio_duration_ms, 1)

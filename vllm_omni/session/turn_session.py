@@ -211,7 +211,7 @@ class TurnSession:
             self.emit(event("input_audio_buffer.speech_stopped", audio_end_ms=samples_to_ms(self.timeline),
                             item_id=self._segment_item))
         self._segment_item = None
-        if getattr(self, "_vad", None) is not None:
+        if self._vad is not None:
             self._vad.reset()
 
     def _commit(self, end_sample: int, item_id: str | None, event_id: str | None = None) -> None:
