@@ -49,3 +49,12 @@ def test_make_tiny_model_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
     assert "wrote tiny qwen3_omni_moe checkpoint" in result.stdout
     assert (tmp_path / "tiny" / "model.safetensors").is_file()
     assert (tmp_path / "tiny" / "config.json").is_file()
+
+
+def test_serve_with_a_broken_config_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("stages: []\n")
+    result = subprocess.run([str(VLLM_OMNI), "serve", str(tmp_path), "--deploy-config", str(bad)],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "broken.yaml: stages" in result.stderr
+    assert "Traceback" not in result.stderr

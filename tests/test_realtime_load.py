@@ -55,7 +55,7 @@ def test_eight_sessions_three_turns(tiny_loaded) -> None:
             time.sleep(0.05)
         assert engine.num_active_requests() == 0
         health = httpx.get(url.replace("ws://", "http://") + "/health").json()
-        assert health["active_sessions"] == 0
+        assert health["active_sessions"] == 0 and health["status"] == "ok"
         metrics = httpx.get(url.replace("ws://", "http://") + "/metrics").text
         assert "vllm_omni_realtime_active_sessions 0.0" in metrics
         assert 'vllm_omni_realtime_responses_total{status="completed"}' in metrics

@@ -115,6 +115,7 @@ def test_a_dead_engine_fails_its_requests_instead_of_hanging(tiny_loaded) -> Non
                 os.kill(core.pid, signal.SIGKILL)
             outputs = [output async for output in stream]
             assert outputs[-1].finish_reason == "error" and "thinker" in outputs[-1].error
+            assert engine.unhealthy_stages() == ["thinker"]
             after = await asyncio.wait_for(run_request(engine, engine_request("text")), 60)
             assert after["final"].finish_reason == "error"
 

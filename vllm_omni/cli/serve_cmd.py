@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -26,13 +27,17 @@ def register(commands: argparse._SubParsersAction) -> None:
 def serve_model(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from vllm_omni.config import load_deploy_config
+    from vllm_omni.config import ConfigError, load_deploy_config
     from vllm_omni.engine import OmniEngine
     from vllm_omni.server.app import create_app
     from vllm_omni.server.realtime import ServerSettings
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    deploy = load_deploy_config(args.deploy_config)
+    try:
+        deploy = load_deploy_config(args.deploy_config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if deploy.session_mode != "turn":
         raise SystemExit("error: this server implements session_mode: turn; duplex mode is not available yet")
     engine = OmniEngine.from_pretrained(args.model, deploy)

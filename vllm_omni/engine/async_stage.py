@@ -43,6 +43,9 @@ class AsyncEngineStage:
     def num_requests(self) -> int:
         return len(self._tasks)
 
+    def healthy(self) -> bool:
+        return self._thread.is_alive() and self.driver.healthy()
+
     def queue_depth(self) -> int:
         return max(0, len(self._tasks) - self.max_active)
 

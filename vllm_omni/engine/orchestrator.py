@@ -128,6 +128,10 @@ class OmniEngine:
             unfinished = len(self._records)
         return max(unfinished, *(w.num_requests() for w in self.workers.values()))
 
+    def unhealthy_stages(self) -> list[str]:
+        """Stages whose worker or engine has died (their requests fail with an error)."""
+        return [role for role, worker in self.workers.items() if not worker.healthy()]
+
     def queue_depths(self) -> dict[str, int]:
         return {role: worker.queue_depth() for role, worker in self.workers.items()}
 

@@ -60,6 +60,9 @@ class StageWorker:
     def num_requests(self) -> int:
         return len(self.program.request_ids())
 
+    def healthy(self) -> bool:
+        return self._thread.is_alive()
+
     def queue_depth(self) -> int:
         return self._inbox.qsize() + max(0, self.num_requests() - self.max_active)
 

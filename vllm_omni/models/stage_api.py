@@ -73,3 +73,6 @@ class AsyncStageDriver(Protocol):
 
     async def shutdown(self) -> None:
         """Stop the engine."""
+
+    def healthy(self) -> bool:
+        """False once the engine has died."""

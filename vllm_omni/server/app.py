@@ -31,9 +31,11 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     app = FastAPI(title="vllm-omni", lifespan=lifespan)
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "active_sessions": sessions[0],
-                "active_requests": engine.num_active_requests()}
+    async def health() -> JSONResponse:
+        dead = engine.unhealthy_stages()
+        body = {"status": "error" if dead else "ok", "active_sessions": sessions[0],
+                "active_requests": engine.num_active_requests(), "dead_stages": dead}
+        return JSONResponse(body, status_code=503 if dead else 200)
 
     @app.get("/v1/models")
     async def models(authorization: str | None = None) -> JSONResponse:

@@ -77,6 +77,9 @@ class VllmThinkerDriver:
             self.engine.shutdown()
             self.engine = None
 
+    def healthy(self) -> bool:
+        return self.engine is not None and not self.engine.errored
+
     def _sampling(self, params: SamplingParams) -> Any:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.sampling_params import RequestOutputKind
