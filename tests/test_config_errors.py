@@ -5,19 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
+from tests.config_helpers import stage, write
 from vllm_omni.config import ConfigError, load_deploy_config, modify_stage_config
-
-
-def write(folder: Path, name: str, data: dict | str) -> Path:
-    path = folder / name
-    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def stage(stage_id: int, role: str = "thinker", **fields) -> dict:
-    return {"stage_id": stage_id, "role": role, "backend": "torch", **fields}
 
 
 def error_of(path: Path, platform: str = "cpu") -> str:

@@ -5,21 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
+from tests.config_helpers import stage, write
 from vllm_omni.config import get_deploy_config_path, load_deploy_config, modify_stage_config
 from vllm_omni.config import loader as loader_module
 from vllm_omni.config.schema import PLATFORMS
-
-
-def write(folder: Path, name: str, data: dict | str) -> Path:
-    path = folder / name
-    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def stage(stage_id: int, role: str = "thinker", **fields) -> dict:
-    return {"stage_id": stage_id, "role": role, "backend": "torch", **fields}
 
 
 @pytest.mark.parametrize("name", ["qwen3_omni_moe", "qwen3_omni_duplex", "qwen3_omni_tiny_cpu"])
