@@ -270,3 +270,28 @@ def test_openai_sdk_completes_a_turn(server) -> None:
         assert len(audio) > 4096 and transcript
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_idle_timeout_commits_an_empty_turn_and_answers(server) -> None:
+    url, _ = server
+    update = json.loads(json.dumps(SERVER_VAD_UPDATE))
+    update["session"]["audio"]["input"]["turn_detection"]["idle_timeout_ms"] = 200
+
+    async def scenario():
+        client = await opened(url, update)
+        await client.send_all(append_events(fixture_pcm("speech_en_single.wav", trailing_silence_s=1.5)))
+        first = await client.until("response.done")
+        played_s = first[-1]["response"]["output"][0]["content"][0]["audio_duration_ms"] / 1000
+        idle = await client.until("response.done", timeout=played_s + 60)
+        kinds = [e["type"] for e in idle]
+        assert kinds.index("input_audio_buffer.timeout_triggered") < kinds.index("input_audio_buffer.committed") \
+            < kinds.index("response.created")
+        assert "input_audio_buffer.speech_started" not in kinds
+        timeout = next(e for e in idle if e["type"] == "input_audio_buffer.timeout_triggered")
+        committed = next(e for e in idle if e["type"] == "input_audio_buffer.committed")
+        assert committed["item_id"] == timeout["item_id"]
+        assert timeout["_t"] - first[-1]["_t"] >= played_s  # not before the answer finished playing
+        assert idle[-1]["response"]["status"] == "completed"
+        await client.close()
+
+    asyncio.run(scenario())

@@ -73,6 +73,7 @@ class TurnSession:
         self.last_response: ResponseRun | None = None
         self._unanswered = False
         self._deferred = False
+        self._idle_timer: asyncio.TimerHandle | None = None
         self._rebuild_vad()
 
     # Output ---------------------------------------------------------------------------------
@@ -108,6 +109,7 @@ class TurnSession:
 
     def _rebuild_vad(self) -> None:
         td = self.config.turn_detection
+        self._disarm_idle_timer()
         self._close_segment(emit_stop=False)
         if td is None:
             self._vad = None
@@ -185,6 +187,7 @@ class TurnSession:
         self._pending_start = start
         self._stream, self._fed_until = None, start
         self._segment_item = new_id("item_")
+        self._disarm_idle_timer()
         self.emit(event("input_audio_buffer.speech_started", audio_start_ms=samples_to_ms(start),
                         item_id=self._segment_item))
         td = self.config.turn_detection
@@ -214,15 +217,18 @@ class TurnSession:
         if self._vad is not None:
             self._vad.reset()
 
-    def _commit(self, end_sample: int, item_id: str | None, event_id: str | None = None) -> None:
+    def _commit(self, end_sample: int, item_id: str | None, allow_empty: bool = False) -> None:
         """Seal pending input up to `end_sample` as a user item; emit the commit fan-out."""
         count = end_sample - self._pending_start
-        if count <= 0:
+        if count <= 0 and not allow_empty:
             raise ProtocolError("input_audio_buffer_empty",
                                 "input_audio_buffer.commit requires a non-empty input audio buffer")
+        self._disarm_idle_timer()
         self._feed_stream(end_sample)
-        item = Item(id=item_id or new_id("item_"), role="user", audio=self._pending[:count].copy(),
-                    stream=self._stream, transcript=" ".join(self._transcript_hints))
+        # An empty turn (idle timeout) reaches the model as 100 ms of silence: "the user said nothing".
+        audio = self._pending[:count].copy() if count > 0 else np.zeros(1600, np.float32)
+        item = Item(id=item_id or new_id("item_"), role="user", audio=audio,
+                    stream=self._stream if count > 0 else None, transcript=" ".join(self._transcript_hints))
         self._pending = self._pending[count:]
         self._pending_start = end_sample
         self._stream, self._fed_until, self._transcript_hints = None, end_sample, []
@@ -419,6 +425,7 @@ class TurnSession:
             self._start_response(self._options({}))
 
     def _start_response(self, options: ResponseOptions) -> None:
+        self._disarm_idle_timer()
         response_id = new_id("resp_")
         item = Item(id=f"item_{response_id}", role="assistant", status="in_progress")
         sampling: dict[str, dict[str, Any]] = {"thinker": {}}
@@ -440,11 +447,40 @@ class TurnSession:
     def _response_done(self, run: ResponseRun) -> None:
         if self.active is run:
             self.active = None
+        if run.status == "completed":
+            self._arm_idle_timer(run)
         if self._deferred and run.status == "completed" and self._unanswered:
             self._deferred = False
             self._start_response(self._options({}))
         elif run.status != "completed":
             self._deferred = False
+
+    def _arm_idle_timer(self, run: ResponseRun) -> None:
+        """§2.4.1: once the answer has played (done + its duration) and `idle_timeout_ms` more
+        pass without speech, the (possibly empty) buffer is committed and answered."""
+        td = self.config.turn_detection
+        if td is None or td.idle_timeout_ms is None or self._vad is None:
+            return
+        self._disarm_idle_timer()
+        delay = (run.item.audio_duration_ms + td.idle_timeout_ms) / 1000
+        self._idle_timer = asyncio.get_running_loop().call_later(delay, self._on_idle_timeout)
+
+    def _disarm_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _on_idle_timeout(self) -> None:
+        self._idle_timer = None
+        if self.active is not None or self._segment_item is not None:
+            return
+        item_id = new_id("item_")
+        self.emit(event("input_audio_buffer.timeout_triggered", audio_start_ms=samples_to_ms(self._pending_start),
+                        audio_end_ms=samples_to_ms(self.timeline), item_id=item_id))
+        self._vad.reset()
+        self._commit(self.timeline, item_id, allow_empty=True)
+        if self.config.turn_detection.create_response:
+            self._respond_or_defer()
 
     def _cancel_active(self, reason: str) -> bool:
         run = self.active
@@ -524,6 +560,7 @@ class TurnSession:
 
     async def close(self) -> None:
         """Stop everything this session started (no cancelled response.done is sent)."""
+        self._disarm_idle_timer()
         run = self.active
         if run is not None and not run.done:
             run.done = True
