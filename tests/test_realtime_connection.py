@@ -1,0 +1,88 @@
+"""Connection-level behaviour: API key, subprotocol, idle timeout, maximum session duration."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+import websockets
+
+from tests.realtime_helpers import MODEL_NAME, running_server
+from vllm_omni.client.connection import RealtimeConnection
+
+KEY = "s3cret"
+
+
+@pytest.fixture(scope="module")
+def guarded(tiny_loaded):
+    with running_server(tiny_loaded, {}, api_key=KEY, max_session_duration_s=3.0) as (url, _, _):
+        yield url
+
+
+def test_api_key_is_required(guarded) -> None:
+    async def scenario():
+        with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+            await RealtimeConnection.open(guarded + "/v1/realtime")
+        assert refused.value.response.status_code == 401
+        conn = await RealtimeConnection.open(guarded + "/v1/realtime",
+                                             headers={"Authorization": f"Bearer {KEY}"})
+        assert (await conn.next())["type"] == "session.created"
+        await conn.close()
+        # Browsers cannot set headers: the key may come as a subprotocol offer.
+        ws = await websockets.connect(guarded + "/v1/realtime",
+                                      subprotocols=["realtime", f"openai-insecure-api-key.{KEY}"])
+        assert ws.subprotocol == "realtime"
+        await ws.close()
+
+    asyncio.run(scenario())
+
+
+def test_models_and_health(guarded) -> None:
+    base = guarded.replace("ws://", "http://")
+    assert httpx.get(base + "/v1/models").json()["data"][0]["id"] == MODEL_NAME
+    assert httpx.get(base + "/health").json()["status"] == "ok"
+
+
+def test_idle_timeout_closes_the_session(guarded) -> None:
+    async def scenario():
+        conn = await RealtimeConnection.open(guarded + "/v1/realtime", headers={"Authorization": f"Bearer {KEY}"})
+        await conn.next()
+        await conn.send({"type": "session.update", "session": {"idle_timeout_s": 0.5}})
+        await conn.until("session.updated")
+        closed = await conn.until("session.closed", timeout=10)
+        assert closed[-1]["reason"] == "idle_timeout"
+        await asyncio.sleep(0.1)
+        assert conn.ws.close_code == 1000
+
+    asyncio.run(scenario())
+
+
+def test_maximum_session_duration(guarded) -> None:
+    async def scenario():
+        conn = await RealtimeConnection.open(guarded + "/v1/realtime", headers={"Authorization": f"Bearer {KEY}"})
+        await conn.next()
+        try:
+            for _ in range(20):  # keep the session busy, so only the duration limit can end it
+                await conn.send({"type": "session.heartbeat"})
+                await asyncio.sleep(0.5)
+        except websockets.exceptions.ConnectionClosed:
+            pass
+        closed = await conn.until("session.closed", timeout=10)  # buffered events are still readable
+        assert closed[-1]["reason"] == "max_duration"
+
+    asyncio.run(scenario())
+
+
+def test_duplex_query_is_refused_in_turn_mode(guarded) -> None:
+    async def scenario():
+        conn = await RealtimeConnection.open(guarded + "/v1/realtime?duplex=1",
+                                             headers={"Authorization": f"Bearer {KEY}"})
+        error = await conn.next()
+        assert error == {"type": "error", "code": "unsupported", "error": "VAD realtime is not enabled",
+                         "_t": error["_t"]}
+        with pytest.raises(websockets.exceptions.ConnectionClosed):
+            await conn.next(timeout=5)
+        assert conn.ws.close_code == 1008
+
+    asyncio.run(scenario())
