@@ -33,6 +33,8 @@ from vllm_omni.session.response import ResponseOptions, ResponseRun
 
 logger = logging.getLogger(__name__)
 
+MAX_PENDING_INPUT_BYTES = 16 * 1024 * 1024  # uncommitted input per session (as float32 samples)
+
 CAPABILITIES = {
     "implementation_level": "turn_based_duplex", "chunk_period_ms": 1000,
     "supports_model_native_turn_policy": False, "supports_barge_in": True, "supports_input_append": True,
@@ -159,6 +161,9 @@ class TurnSession:
         self._accept(samples)
 
     def _accept(self, samples: np.ndarray) -> None:
+        if self._vad is None and (self._pending.size + samples.size) * 4 > MAX_PENDING_INPUT_BYTES:
+            raise ProtocolError("input_backpressure", "uncommitted input exceeds 16 MiB; commit or clear it",
+                                "audio")
         end = self.timeline + samples.size
         self._pending = np.concatenate([self._pending, samples])
         self.timeline = end
@@ -180,6 +185,18 @@ class TurnSession:
                 self._commit(result.end_sample, item_id)
                 if self.config.turn_detection.create_response:
                     self._respond_or_defer()
+        if self._segment_item is None:
+            self._keep_onset_reach()
+
+    def _keep_onset_reach(self) -> None:
+        """Outside speech, keep only the audio a coming onset can reach back to (its prefix
+        padding plus the speech it needs to be detected), so silence does not pile up."""
+        td = self.config.turn_detection
+        reach = round((td.prefix_padding_ms + max(32.0, td.min_speech_duration_ms)) * 16) + 2 * 512
+        drop = self._pending.size - reach
+        if drop > 0:
+            self._pending = self._pending[drop:]
+            self._pending_start += drop
 
     def _open_segment(self, start_sample: int) -> None:
         start = max(start_sample, self._pending_start)

@@ -1,0 +1,50 @@
+"""Input buffering limits of a turn session (unit level: the engine is never called here)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vllm_omni.engine.request import AudioInputStream
+from vllm_omni.protocol.errors import ProtocolError
+from vllm_omni.protocol.session_config import SessionConfig, TurnDetection
+from vllm_omni.session.turn_session import MAX_PENDING_INPUT_BYTES, TurnSession
+
+
+class StreamsOnly:
+    """Stands in for the engine: these tests only buffer input, they never generate."""
+
+    speakers = ["ethan"]
+
+    @staticmethod
+    def create_audio_stream() -> AudioInputStream:
+        return AudioInputStream()
+
+
+def session(turn_detection: TurnDetection | None) -> tuple[TurnSession, list[dict]]:
+    events: list[dict] = []
+    config = SessionConfig(id="sess_test", model="tiny", turn_detection=turn_detection)
+    return TurnSession(StreamsOnly(), config, ["tiny"], emit=events.append, default_speaker="ethan",
+                       speakers=["ethan"]), events
+
+
+def test_silence_under_server_vad_does_not_pile_up() -> None:
+    turn, events = session(TurnDetection())
+    for _ in range(300):  # 30 s of silence in 100 ms appends
+        turn._accept(np.zeros(1600, np.float32))  # noqa: SLF001
+    assert turn._pending.size < 16000  # noqa: SLF001  (under a second is kept)
+    assert turn.timeline == 300 * 1600
+    assert not [e for e in events if e["type"].startswith("input_audio_buffer.speech")]
+
+
+def test_uncommitted_input_without_vad_is_capped() -> None:
+    turn, _ = session(None)
+    chunk = np.zeros(16000 * 60, np.float32)  # a minute at a time
+    appended = 0
+    with pytest.raises(ProtocolError) as refused:
+        while True:
+            turn._accept(chunk)  # noqa: SLF001
+            appended += chunk.size
+    assert refused.value.code == "input_backpressure"
+    assert appended * 4 <= MAX_PENDING_INPUT_BYTES
+    assert turn._pending.size == appended  # noqa: SLF001  (the refused append changed nothing)
