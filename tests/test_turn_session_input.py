@@ -48,3 +48,19 @@ def test_uncommitted_input_without_vad_is_capped() -> None:
     assert refused.value.code == "input_backpressure"
     assert appended * 4 <= MAX_PENDING_INPUT_BYTES
     assert turn._pending.size == appended  # noqa: SLF001  (the refused append changed nothing)
+
+
+def test_sample_buffer_views_drops_and_takes_across_chunks() -> None:
+    from vllm_omni.audio.sample_buffer import SampleBuffer
+
+    buffer = SampleBuffer(start=100)
+    for piece in np.split(np.arange(100, 130, dtype=np.float32), [7, 8, 20]):
+        buffer.append(piece)
+    assert (buffer.start, buffer.end) == (100, 130)
+    assert buffer.view(105, 125).tolist() == list(range(105, 125))
+    buffer.drop_until(110)
+    assert buffer.start == 110 and buffer.view(0, 10**6).tolist() == list(range(110, 130))
+    assert buffer.take_until(121).tolist() == list(range(110, 121))
+    assert (buffer.start, buffer.size) == (121, 9)
+    buffer.drop_until(500)
+    assert (buffer.start, buffer.size) == (500, 0)

@@ -22,6 +22,7 @@ from vllm_omni.audio.formats import (
     check_rate,
     decode_base64,
 )
+from vllm_omni.audio.sample_buffer import SampleBuffer
 from vllm_omni.audio.silero_vad import ServerVADUnavailableError, SileroModel, VadConfig, VadDetector, samples_to_ms
 from vllm_omni.engine.request import AudioInputStream, OmniRequest
 from vllm_omni.protocol import client_events as ce
@@ -63,8 +64,7 @@ class TurnSession:
         self.turn_id = 0
         self.timeline = 0  # 16 kHz samples accepted since the session started
         self._converter = InputConverter()
-        self._pending = np.zeros(0, np.float32)  # uncommitted input, starting at `_pending_start`
-        self._pending_start = 0
+        self._pending = SampleBuffer()  # uncommitted input on the session timeline
         self._stream: AudioInputStream | None = None
         self._fed_until = 0
         self._segment_item: str | None = None  # open speech segment (speech_started sent)
@@ -165,7 +165,7 @@ class TurnSession:
             raise ProtocolError("input_backpressure", "uncommitted input exceeds 16 MiB; commit or clear it",
                                 "audio")
         end = self.timeline + samples.size
-        self._pending = np.concatenate([self._pending, samples])
+        self._pending.append(samples)
         self.timeline = end
         if self._vad is None:
             self._feed_stream(end)
@@ -193,15 +193,11 @@ class TurnSession:
         padding plus the speech it needs to be detected), so silence does not pile up."""
         td = self.config.turn_detection
         reach = round((td.prefix_padding_ms + max(32.0, td.min_speech_duration_ms)) * 16) + 2 * 512
-        drop = self._pending.size - reach
-        if drop > 0:
-            self._pending = self._pending[drop:]
-            self._pending_start += drop
+        self._pending.drop_until(self._pending.end - reach)
 
     def _open_segment(self, start_sample: int) -> None:
-        start = max(start_sample, self._pending_start)
-        self._pending = self._pending[start - self._pending_start:]  # audio before the onset is dropped
-        self._pending_start = start
+        start = max(start_sample, self._pending.start)
+        self._pending.drop_until(start)  # audio before the onset (and its prefix padding) is dropped
         self._stream, self._fed_until = None, start
         self._segment_item = new_id("item_")
         self._disarm_idle_timer()
@@ -220,8 +216,8 @@ class TurnSession:
             return
         if self._stream is None:
             self._stream = self.engine.create_audio_stream()
-            self._fed_until = self._pending_start
-        piece = self._pending[self._fed_until - self._pending_start: upto - self._pending_start]
+            self._fed_until = self._pending.start
+        piece = self._pending.view(self._fed_until, upto)
         if piece.size:
             self._stream.append(piece)
         self._fed_until = upto
@@ -236,18 +232,16 @@ class TurnSession:
 
     def _commit(self, end_sample: int, item_id: str | None, allow_empty: bool = False) -> None:
         """Seal pending input up to `end_sample` as a user item; emit the commit fan-out."""
-        count = end_sample - self._pending_start
+        count = end_sample - self._pending.start
         if count <= 0 and not allow_empty:
             raise ProtocolError("input_audio_buffer_empty",
                                 "input_audio_buffer.commit requires a non-empty input audio buffer")
         self._disarm_idle_timer()
         self._feed_stream(end_sample)
         # An empty turn (idle timeout) reaches the model as 100 ms of silence: "the user said nothing".
-        audio = self._pending[:count].copy() if count > 0 else np.zeros(1600, np.float32)
+        audio = self._pending.take_until(end_sample) if count > 0 else np.zeros(1600, np.float32)
         item = Item(id=item_id or new_id("item_"), role="user", audio=audio,
                     stream=self._stream if count > 0 else None, transcript=" ".join(self._transcript_hints))
-        self._pending = self._pending[count:]
-        self._pending_start = end_sample
         self._stream, self._fed_until, self._transcript_hints = None, end_sample, []
         previous = self.conversation.add(item)
         for kind in ("conversation.item.added", "conversation.item.created"):
@@ -287,8 +281,7 @@ class TurnSession:
 
     def _drop_input(self) -> None:
         self._close_segment(emit_stop=False)
-        self._pending_start = self.timeline
-        self._pending = np.zeros(0, np.float32)
+        self._pending.drop_until(self.timeline)
         self._stream, self._fed_until, self._transcript_hints = None, self.timeline, []
 
     # Conversation items -----------------------------------------------------------------------
@@ -492,7 +485,7 @@ class TurnSession:
         if self.active is not None or self._segment_item is not None:
             return
         item_id = new_id("item_")
-        self.emit(event("input_audio_buffer.timeout_triggered", audio_start_ms=samples_to_ms(self._pending_start),
+        self.emit(event("input_audio_buffer.timeout_triggered", audio_start_ms=samples_to_ms(self._pending.start),
                         audio_end_ms=samples_to_ms(self.timeline), item_id=item_id))
         self._vad.reset()
         self._commit(self.timeline, item_id, allow_empty=True)
