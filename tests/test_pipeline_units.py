@@ -47,3 +47,18 @@ def test_greedy_and_seeded_sampling() -> None:
     assert len(set(draws)) == 1 and draws[0] in (1, 3)  # same seed, same draw; only the top 2
     sampler = TokenSampler(SamplingParams(temperature=1.0, top_p=0.4, seed=1))
     assert all(sampler.choose(logits) == 1 for _ in range(20))  # nucleus of one token
+
+
+def test_incremental_detokenizer_matches_one_shot_decoding(tiny_checkpoint) -> None:
+    from transformers import AutoTokenizer
+
+    from vllm_omni.engine.detokenizer import IncrementalDetokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    text = "Héllo wörld, 日本語 and émojis 🙂 — fine."
+    ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    deltas = [detokenizer.add(token) for token in ids]
+    assert "".join(deltas) == detokenizer.text == text
+    assert all("\ufffd" not in delta for delta in deltas)
+    assert sum(1 for d in deltas if d) > 10  # streamed, not all at the end

@@ -1,4 +1,8 @@
-"""Incremental detokenization: text deltas that never split a multi-byte character."""
+"""Incremental detokenization: text deltas that never split a multi-byte character.
+
+Each step decodes only a short window (the tokens since the last emitted piece, plus the
+piece before them for context), so the cost per token does not grow with the answer.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +14,20 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.token_ids: list[int] = []
         self.text = ""
+        self._prefix_offset = 0  # start of the context window
+        self._read_offset = 0  # tokens before this are already in `text`
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def add(self, token_id: int) -> str:
         """Add a token; return the new text it completes (possibly empty)."""
         self.token_ids.append(token_id)
-        decoded = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
-        if decoded.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for more tokens
+        before = self._decode(self.token_ids[self._prefix_offset:self._read_offset])
+        after = self._decode(self.token_ids[self._prefix_offset:])
+        if len(after) <= len(before) or after.endswith("\ufffd"):  # nothing new, or a partial character
             return ""
-        delta, self.text = decoded[len(self.text):], decoded
+        delta = after[len(before):]
+        self._prefix_offset, self._read_offset = self._read_offset, len(self.token_ids)
+        self.text += delta
         return delta
