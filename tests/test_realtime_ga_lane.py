@@ -295,3 +295,27 @@ def test_idle_timeout_commits_an_empty_turn_and_answers(server) -> None:
         await client.close()
 
     asyncio.run(scenario())
+
+
+def test_out_of_band_response_stays_out_of_the_history(server) -> None:
+    url, _ = server
+
+    async def scenario():
+        client = await opened(url)
+        await client.send({"type": "conversation.item.create",
+                           "item": {"type": "message", "role": "user",
+                                    "content": [{"type": "input_text", "text": "Summarise our talk."}]}})
+        await client.until("conversation.item.done")
+        await client.send({"type": "response.create",
+                           "response": {"conversation": "none", "output_modalities": ["text"],
+                                        "metadata": {"purpose": "summary"}}})
+        done = (await client.until("response.done"))[-1]["response"]
+        assert done["conversation_id"] is None and done["metadata"]["purpose"] == "summary"
+        await client.send({"type": "conversation.item.retrieve", "item_id": done["output"][0]["id"]})
+        assert (await client.until("error"))[-1]["error"]["code"] == "item_not_found"
+        await client.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+        regular = (await client.until("response.done"))[-1]["response"]
+        assert regular["conversation_id"].startswith("conv_") and regular["status"] == "completed"
+        await client.close()
+
+    asyncio.run(scenario())

@@ -42,11 +42,11 @@ def session_created(session: dict[str, Any], legacy_id: str) -> dict[str, Any]:
 
 def response_object(response_id: str, status: str, *, modalities: list[str], output: list[dict],
                     output_format: dict, voice: str | None, max_output_tokens: Any,
-                    session_id: str, status_details: Any = None, usage: Any = None,
+                    conversation_id: str | None, status_details: Any = None, usage: Any = None,
                     metadata: dict | None = None) -> dict[str, Any]:
     obj = {"id": response_id, "object": "realtime.response", "status": status, "status_details": status_details,
            "output": output, "output_modalities": modalities, "modalities": modalities,
-           "conversation_id": f"conv_{session_id}", "audio": {"output": {"format": output_format, "voice": voice}},
+           "conversation_id": conversation_id, "audio": {"output": {"format": output_format, "voice": voice}},
            "max_output_tokens": max_output_tokens, "metadata": metadata or {}}
     if usage is not None:
         obj["usage"] = usage

@@ -41,6 +41,7 @@ class ResponseOptions:
     temperature: float | None
     metadata: dict[str, Any] = field(default_factory=dict)
     client_limited: bool = False  # max_output_tokens came from the client
+    in_conversation: bool = True  # False for `conversation: "none"` (out-of-band answers)
 
 
 def stage_metrics_wire(metrics_by_stage: dict[str, StageMetrics], finish_reason: str | None) -> dict[str, Any]:
@@ -91,7 +92,8 @@ class ResponseRun:
     def _response(self, status: str, **extra: Any) -> dict[str, Any]:
         return response_object(self.id, status, modalities=list(self.options.modalities),
                                output_format=self.options.output_format.ga_object(), voice=self.options.voice,
-                               max_output_tokens=self.options.max_output_tokens, session_id=self.session_id,
+                               max_output_tokens=self.options.max_output_tokens,
+                               conversation_id=f"conv_{self.session_id}" if self.options.in_conversation else None,
                                **extra)
 
     # Lifecycle ----------------------------------------------------------------------------

@@ -417,7 +417,7 @@ class TurnSession:
             if out_fmt is not None else cfg.output_format,
             voice=voice, speaker=speaker, instructions=overrides.get("instructions", cfg.instructions),
             max_output_tokens=tokens if limited else "inf", temperature=overrides.get("temperature", cfg.temperature),
-            metadata=dict(metadata), client_limited=limited)
+            metadata=dict(metadata), client_limited=limited, in_conversation=overrides.get("conversation") != "none")
 
     async def on_response_create(self, ev: ce.ResponseCreate) -> None:
         if self.active is not None:
@@ -444,12 +444,15 @@ class TurnSession:
         if options.temperature is not None:
             sampling["thinker"]["temperature"] = options.temperature
         messages = self.conversation.messages(options.instructions)
-        previous = self.conversation.add(item)
+        # An out-of-band answer (conversation "none") is streamed with its item events but
+        # does not enter the history.
+        previous = self.conversation.add(item) if options.in_conversation else self.conversation.last_id()
         run = ResponseRun(response_id, options, item, session_id=self.config.id, emit=self.emit,
                           on_done=self._response_done)
         self.active = self.last_response = run
         self.responses[response_id] = run
-        self._unanswered = False
+        if options.in_conversation:  # an out-of-band answer leaves the turn unanswered in the conversation
+            self._unanswered = False
         request = OmniRequest(messages, request_id=f"{self.config.id}-{response_id}", speaker=options.speaker,
                               modalities=tuple(options.modalities), sampling=sampling)
         run.start(self.engine, request, previous)
