@@ -72,14 +72,21 @@ def test_placeholders_collapse_per_audio_item() -> None:
     assert collapse_audio_placeholders([1, pad, pad, pad, 2, pad, pad, 3], pad) == [1, pad, 2, pad, 3]
 
 
-def test_server_vad_two_turns_with_the_vllm_thinker(tiny_loaded) -> None:
-    from tests.realtime_helpers import append_events, connect, fixture_pcm, running_server
-    from tests.test_realtime_ga_lane import SERVER_VAD_UPDATE, check_s2_turn
+@pytest.fixture(scope="module")
+def vllm_server(tiny_loaded):
+    from tests.realtime_helpers import running_server
 
     overrides = {"stages.0.backend": "vllm", "stages.1.default_sampling_params.max_tokens": 48}
+    with running_server(tiny_loaded, overrides) as (url, _, _):
+        yield url
 
-    async def scenario(url: str):
-        client = await connect(url)
+
+def test_server_vad_two_turns_with_the_vllm_thinker(vllm_server) -> None:
+    from tests.realtime_helpers import append_events, connect, fixture_pcm
+    from tests.test_realtime_ga_lane import SERVER_VAD_UPDATE, check_s2_turn
+
+    async def scenario():
+        client = await connect(vllm_server)
         await client.next()
         await client.send(SERVER_VAD_UPDATE)
         await client.until("session.updated")
@@ -91,8 +98,14 @@ def test_server_vad_two_turns_with_the_vllm_thinker(tiny_loaded) -> None:
         await client.close()
         assert ids[0] != ids[1]
 
-    with running_server(tiny_loaded, overrides) as (url, _, _):
-        asyncio.run(scenario(url))
+    asyncio.run(scenario())
+
+
+def test_legacy_smoke_with_the_vllm_thinker(vllm_server) -> None:
+    from tests.test_realtime_legacy_lane import check_legacy_output, legacy_turn
+
+    client, result = asyncio.run(legacy_turn(vllm_server, delay=0.02))
+    check_legacy_output(client, result)
 
 
 def test_a_dead_engine_fails_its_requests_instead_of_hanging(tiny_loaded) -> None:
