@@ -58,7 +58,10 @@ def test_incremental_detokenizer_matches_one_shot_decoding(tiny_checkpoint) -> N
     text = "Héllo wörld, 日本語 and émojis 🙂 — fine."
     ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     detokenizer = IncrementalDetokenizer(tokenizer)
-    deltas = [detokenizer.add(token) for token in ids]
+    results = [detokenizer.add(token) for token in ids]
+    deltas = [delta for delta, _ in results]
     assert "".join(deltas) == detokenizer.text == text
+    covered = [token for _, token_ids in results for token in token_ids]
+    assert covered == ids[: len(covered)] and len(covered) >= len(ids) - 1  # every text token, once, in order
     assert all("\ufffd" not in delta for delta in deltas)
     assert sum(1 for d in deltas if d) > 10  # streamed, not all at the end

@@ -20,14 +20,16 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def add(self, token_id: int) -> str:
-        """Add a token; return the new text it completes (possibly empty)."""
+    def add(self, token_id: int) -> tuple[str, tuple[int, ...]]:
+        """Add a token; return the new text it completes (possibly empty) and the ids of the
+        tokens that text comes from (held-back tokens of a partial character included)."""
         self.token_ids.append(token_id)
         before = self._decode(self.token_ids[self._prefix_offset:self._read_offset])
         after = self._decode(self.token_ids[self._prefix_offset:])
         if len(after) <= len(before) or after.endswith("\ufffd"):  # nothing new, or a partial character
-            return ""
+            return "", ()
         delta = after[len(before):]
+        covered = tuple(self.token_ids[self._read_offset:])
         self._prefix_offset, self._read_offset = self._read_offset, len(self.token_ids)
         self.text += delta
-        return delta
+        return delta, covered

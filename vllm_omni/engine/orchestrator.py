@@ -241,9 +241,9 @@ class OmniEngine:
             if isinstance(event, StageOutput):
                 since_arrival = record.timer.record(role)
             if isinstance(event, TextToken):
-                delta = record.detokenizer.add(event.token_id)
+                delta, token_ids = record.detokenizer.add(event.token_id)
                 if delta:
-                    self._push(record, TextDelta(request_id, delta, (event.token_id,)))
+                    self._push(record, TextDelta(request_id, delta, token_ids))
             elif isinstance(event, AudioSamples):
                 self._push_audio(record, event, since_arrival)
             elif isinstance(event, StageDone) and role == "thinker":
