@@ -117,6 +117,11 @@ async def start_manual_turn(client: Client, modalities: list[str] | None = None)
     await client.send({"type": "response.create", "response": response})
 
 
+async def send_text_item(client: Client, text: str) -> None:
+    await client.send({"type": "conversation.item.create",
+                       "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+
+
 async def manual_turn(client: Client, modalities: list[str] | None = None) -> list[dict]:
     await start_manual_turn(client, modalities)
     return await client.until("response.done")
@@ -218,9 +223,7 @@ def test_text_item_history_and_session_close(server) -> None:
 
     async def scenario():
         client = await opened(url)
-        await client.send({"type": "conversation.item.create",
-                           "item": {"type": "message", "role": "user",
-                                    "content": [{"type": "input_text", "text": "Hello there."}]}})
+        await send_text_item(client, "Hello there.")
         added = await client.until("conversation.item.done")
         assert added[0]["type"] == "conversation.item.added"
         await client.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
@@ -302,9 +305,7 @@ def test_out_of_band_response_stays_out_of_the_history(server) -> None:
 
     async def scenario():
         client = await opened(url)
-        await client.send({"type": "conversation.item.create",
-                           "item": {"type": "message", "role": "user",
-                                    "content": [{"type": "input_text", "text": "Summarise our talk."}]}})
+        await send_text_item(client, "Summarise our talk.")
         await client.until("conversation.item.done")
         await client.send({"type": "response.create",
                            "response": {"conversation": "none", "output_modalities": ["text"],
