@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -30,12 +32,13 @@ class RecordingPipeline(Qwen3OmniPipeline):
 
 def make_engine(checkpoint, *, async_chunk: bool = True, first: int = 4, later: int = 25,
                 code2wav_mode: str = "exact", max_num_seqs: int | None = None,
-                thinker_backend: str = "torch") -> OmniEngine:
+                thinker_backend: str = "torch", talker_backend: str = "torch") -> OmniEngine:
     deploy = load_deploy_config(get_deploy_config_path("qwen3_omni_tiny_cpu"), platform="cpu")
     chunking = {"initial_codec_chunk_frames": first, "codec_chunk_frames": later}
     connectors = [c.model_copy(update={"extra": c.extra.model_copy(update=chunking)}) if c.extra else c
                   for c in deploy.connectors]
-    stages = [s.model_copy(update={"backend": thinker_backend}) if s.role == "thinker" else s
+    backends = {"thinker": thinker_backend, "talker": talker_backend}
+    stages = [s.model_copy(update={"backend": backends[s.role]}) if s.role in backends else s
               for s in deploy.stages]
     if max_num_seqs is not None:
         stages = [s.model_copy(update={"engine_args": s.engine_args.model_copy(
@@ -57,3 +60,15 @@ async def run_request(engine: OmniEngine, request: OmniRequest) -> dict[str, Any
     pcm = np.frombuffer(b"".join(c.pcm16 for c in chunks), dtype="<i2").astype(np.int32)
     return {"text": text, "final": final, "pcm": pcm, "chunks": chunks,
             "codes": engine.pipeline.codes_of(request.request_id)}
+
+
+@contextmanager
+def async_chunk_set_to(engine: OmniEngine, on: bool) -> Iterator[None]:
+    """Requests started inside see `async_chunk` = `on` (the setting is read per request)."""
+    pipeline = engine.pipeline
+    saved = pipeline.deploy
+    pipeline.deploy = saved.model_copy(update={"async_chunk": on})
+    try:
+        yield
+    finally:
+        pipeline.deploy = saved

@@ -35,6 +35,13 @@ def running_server(checkpoint, overrides: dict[str, Any], **settings: Any):
     path = modify_stage_config(get_deploy_config_path("qwen3_omni_tiny_cpu"), overrides)
     deploy = load_deploy_config(path, platform="cpu")
     engine = OmniEngine(Qwen3OmniPipeline(checkpoint, deploy), deploy)
+    with serving(engine, **settings) as served:
+        yield served
+
+
+@contextmanager
+def serving(engine: OmniEngine, **settings: Any):
+    """Serve an existing engine on a free port; yield (ws URL, engine, app)."""
     app = create_app(engine, ServerSettings(served_model_names=[MODEL_NAME], **settings))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",

@@ -1,8 +1,9 @@
 """A stage whose engine schedules by itself (vLLM's AsyncLLM), on an event loop of its own.
 
 Same outside as `StageWorker` (submit, drop, stop, counts), so the orchestrator routes to
-either alike. Each request is one task on this stage's loop; dropping a request cancels
-its task, which closes the engine's output stream and so aborts the request there.
+either alike. Each request is one task on this stage's loop, started by its first message;
+later messages go to the driver's `feed`. Dropping a request cancels its task, which closes
+the engine's output stream and so aborts the request there.
 """
 
 from __future__ import annotations
@@ -67,9 +68,14 @@ class AsyncEngineStage:
 
     def _spawn(self, request_id: str, message: object) -> None:
         if request_id in self._tasks:
-            logger.warning("stage %s: request %s already running; message ignored", self.role, request_id)
-            return
-        self._tasks[request_id] = self._loop.create_task(self._serve(request_id, message))
+            try:
+                self.driver.feed(request_id, message)
+            except Exception as exc:
+                self._on_error(self.role, request_id, exc)
+                self._cancel(request_id)
+        elif self.driver.starts_request(message):
+            self._tasks[request_id] = self._loop.create_task(self._serve(request_id, message))
+        # else: a follow-up message for a request this stage has already finished; nothing to do
 
     def _cancel(self, request_id: str) -> None:
         task = self._tasks.get(request_id)

@@ -83,9 +83,9 @@ class OmniEngine:
                         code2wav_mode: str = "exact") -> OmniEngine:
         deploy = deploy_config if isinstance(deploy_config, DeployConfig) else load_deploy_config(deploy_config)
         for stage in deploy.stages:
-            if stage.backend == "vllm" and stage.role != "thinker":
-                raise NotImplementedError(f"stage {stage.stage_id} ({stage.role}): backend 'vllm' is available "
-                                          "for the thinker only so far; use backend: torch")
+            if stage.backend == "vllm" and stage.role not in ("thinker", "talker"):
+                raise ValueError(f"stage {stage.stage_id} ({stage.role}): backend 'vllm' serves the "
+                                 "autoregressive stages (thinker, talker); use backend: torch")
         dtype = deploy.stage_by_role("thinker").engine_args.dtype or "float32"
         checkpoint = load_checkpoint(model, dtype=dtype)
         return cls(Qwen3OmniPipeline(checkpoint, deploy, code2wav_mode=code2wav_mode), deploy)

@@ -68,8 +68,14 @@ class AsyncStageDriver(Protocol):
     async def start(self) -> None:
         """Bring the engine up (called once, on the stage's event loop)."""
 
+    def starts_request(self, message: object) -> bool:
+        """Whether `message` is the first message of a request (others are follow-ups)."""
+
     async def run(self, request_id: str, message: object, emit: Emit) -> None:
         """Serve one request to the end; cancellation aborts it in the engine."""
+
+    def feed(self, request_id: str, message: object) -> None:
+        """A follow-up message for a running request (called on the stage's event loop)."""
 
     async def shutdown(self) -> None:
         """Stop the engine."""

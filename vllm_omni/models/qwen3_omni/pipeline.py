@@ -35,6 +35,7 @@ from vllm_omni.models.qwen3_omni.stages import (
     TrailingText,
 )
 from vllm_omni.models.qwen3_omni.talker_bridge import speaker_codec_id
+from vllm_omni.models.qwen3_omni.vllm_talker import VllmTalkerDriver
 from vllm_omni.models.qwen3_omni.vllm_thinker import VllmThinkerDriver
 from vllm_omni.models.stage_api import AsyncStageDriver, StageDone, StageProgram, TextToken
 
@@ -98,8 +99,11 @@ class Qwen3OmniPipeline:
         thinker_stage = self.deploy.stage_by_role("thinker")
         thinker = VllmThinkerDriver(self.checkpoint, thinker_stage) if thinker_stage.backend == "vllm" \
             else ThinkerProgram(self.checkpoint)
+        talker_stage = self.deploy.stage_by_role("talker")
+        talker = VllmTalkerDriver(self.checkpoint, talker_stage) if talker_stage.backend == "vllm" \
+            else TalkerProgram(self.checkpoint)
         return {"thinker": thinker,
-                "talker": TalkerProgram(self.checkpoint),
+                "talker": talker,
                 "code2wav": Code2WavProgram(self.checkpoint, self.code2wav_mode,
                                             self.chunking.codec_left_context_frames)}
 

@@ -3,7 +3,7 @@
 Extension point (vllm-integration.md §2.2, option A): vLLM's own Qwen3-Omni thinker
 already implements `SupportsEagle3.set_aux_hidden_state_layers`, which makes its forward
 return the inputs of chosen decoder layers next to the final hidden states. A custom
-`worker_cls` (vllm_capture_workers.py) swaps the model runner's class for a subclass that turns that on after the
+`worker_cls` (vllm_workers.py) swaps the model runner's class for a subclass that turns that on after the
 model loads, takes the aux tensors off the forward's output (so the rest of vLLM sees the
 ordinary output), and files the rows under their request ids using the batch layout
 (`input_batch.req_ids`, `num_scheduled_tokens`). No model code is copied and no vLLM file
@@ -17,6 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from vllm_omni.models.qwen3_omni.vllm_workers import RunnerExtensionWorkerMixin
 
 
 class _CaptureRunnerMixin:
@@ -63,14 +65,10 @@ class _CaptureRunnerMixin:
             del self._omni_rows[key]
 
 
-class CaptureWorkerMixin:
-    """Put in front of a vLLM worker class: after the worker built its model runner, the
-    runner's class becomes a subclass with `_CaptureRunnerMixin` in front."""
+class CaptureWorkerMixin(RunnerExtensionWorkerMixin):
+    """The thinker engine's worker: the capturing runner and its RPC methods."""
 
-    def init_device(self) -> None:
-        super().init_device()
-        runner_cls = type(self.model_runner)
-        self.model_runner.__class__ = type("Capture" + runner_cls.__name__, (_CaptureRunnerMixin, runner_cls), {})
+    runner_mixin = _CaptureRunnerMixin
 
     def omni_take_hidden_rows(self, request_prefix: str):
         return self.model_runner.omni_take_hidden_rows(request_prefix)

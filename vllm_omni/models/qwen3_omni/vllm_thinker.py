@@ -10,18 +10,17 @@ them with one `collective_rpc` once the first token exists.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
-from vllm_omni.config import SamplingParams, StageConfig
+from vllm_omni.config import StageConfig
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
 from vllm_omni.models.qwen3_omni.stages import ThinkerJob, ThinkerPrefilled
 from vllm_omni.models.qwen3_omni.thinker_torch import ThinkerPrefill
+from vllm_omni.models.qwen3_omni.vllm_engine import VllmEngineDriver, cpu_platform, engine_kwargs, vllm_sampling
+from vllm_omni.models.qwen3_omni.vllm_workers import worker_class_path
 from vllm_omni.models.stage_api import Emit, StageDone, TextToken
-
-CAPTURE_WORKERS = "vllm_omni.models.qwen3_omni.vllm_capture_workers.Capture{}Worker"
 
 
 def collapse_audio_placeholders(input_ids: list[int], audio_token_id: int) -> list[int]:
@@ -33,63 +32,23 @@ def collapse_audio_placeholders(input_ids: list[int], audio_token_id: int) -> li
     return collapsed
 
 
-class VllmThinkerDriver:
+class VllmThinkerDriver(VllmEngineDriver):
     def __init__(self, checkpoint: Qwen3OmniCheckpoint, stage: StageConfig):
+        super().__init__(checkpoint.path, stage)
         self.checkpoint = checkpoint
-        self.stage = stage
-        self.engine: Any = None
         self.eos_token_id = checkpoint.config.im_end_token_id
         self.audio_token_id = checkpoint.config.thinker_config.audio_token_id
 
-    def _engine_args(self) -> Any:
-        from vllm.engine.arg_utils import AsyncEngineArgs
+    def engine_kwargs(self) -> dict[str, Any]:
+        return engine_kwargs(self.stage, self.checkpoint_path, enable_mm_embeds=True,
+                             limit_mm_per_prompt={"audio": 4, "image": 0, "video": 0},
+                             worker_cls=worker_class_path("Capture", cpu=cpu_platform()))
 
-        args = self.stage.engine_args
-        kwargs: dict[str, Any] = {
-            "model": self.checkpoint.path, "dtype": args.dtype or "auto", "enable_mm_embeds": True,
-            "limit_mm_per_prompt": args.limit_mm_per_prompt or {"audio": 4, "image": 0, "video": 0},
-            "tensor_parallel_size": args.tensor_parallel_size, "trust_remote_code": args.trust_remote_code,
-        }
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization",
-                     "enforce_eager"):
-            value = getattr(args, name)
-            if value is not None:
-                kwargs[name] = value
-        if args.enable_prefix_caching:
-            raise ValueError("thinker on vLLM: enable_prefix_caching must be off; cached prompt positions are "
-                             "not recomputed, so the talker would miss their hidden states")
-        kwargs["enable_prefix_caching"] = False
-        if _cpu_platform():
-            kwargs["worker_cls"] = CAPTURE_WORKERS.format("CPU")
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        else:  # CUDA / ROCm: the same runner mixin on vLLM's GPU worker (not yet run on a GPU here)
-            kwargs["worker_cls"] = CAPTURE_WORKERS.format("GPU")
-        kwargs.update(args.extra)
-        return AsyncEngineArgs(**kwargs)
+    def starts_request(self, message: object) -> bool:
+        return isinstance(message, ThinkerJob)
 
-    async def start(self) -> None:
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        self.engine = AsyncLLM.from_engine_args(self._engine_args())
-
-    async def shutdown(self) -> None:
-        if self.engine is not None:
-            self.engine.shutdown()
-            self.engine = None
-
-    def healthy(self) -> bool:
-        return self.engine is not None and not self.engine.errored
-
-    def _sampling(self, params: SamplingParams) -> Any:
-        from vllm import SamplingParams as VllmSamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        return VllmSamplingParams(
-            temperature=params.temperature, top_k=params.top_k if params.top_k is not None else 0,
-            top_p=params.top_p, min_p=params.min_p, max_tokens=params.max_tokens, min_tokens=params.min_tokens,
-            repetition_penalty=params.repetition_penalty, seed=params.seed, ignore_eos=params.ignore_eos,
-            stop_token_ids=[self.eos_token_id, *params.stop_token_ids], detokenize=False,
-            output_kind=RequestOutputKind.DELTA)
+    def feed(self, request_id: str, message: object) -> None:
+        raise TypeError(f"thinker takes no follow-up messages ({type(message).__name__})")
 
     def _prompt(self, job: ThinkerJob) -> Any:
         from vllm.inputs import TokensPrompt
@@ -122,7 +81,8 @@ class VllmThinkerDriver:
         job = message
         generated: list[int] = []
         try:
-            async for output in self.engine.generate(self._prompt(job), self._sampling(job.sampling), request_id):
+            sampling = vllm_sampling(job.sampling, [self.eos_token_id, *job.sampling.stop_token_ids])
+            async for output in self.engine.generate(self._prompt(job), sampling, request_id):
                 tokens = list(output.outputs[0].token_ids)
                 for i, token in enumerate(tokens):
                     last = output.finished and i == len(tokens) - 1
@@ -137,8 +97,3 @@ class VllmThinkerDriver:
         finally:
             await self.engine.collective_rpc("omni_forget", args=(request_id,))
 
-
-def _cpu_platform() -> bool:
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()

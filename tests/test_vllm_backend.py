@@ -1,0 +1,167 @@
+"""Thinker and talker on real vLLM CPU engines: same tokens, same codec ids, same audio as
+transformers, with async_chunk on and off; batching, abort, bad input, the realtime
+scenarios, and a dying engine. One pair of engines serves the whole module (each start
+takes about a minute here); the dead-engine test kills them, so it runs last."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from tests.engine_helpers import async_chunk_set_to, make_engine, run_request
+from tests.test_pipeline_parity import CASES, engine_request, reference  # noqa: F401  (fixture)
+from vllm_omni.engine import AudioChunk, Message, OmniRequest, RequestError
+from vllm_omni.models.qwen3_omni.vllm_talker import VllmTalkerDriver
+from vllm_omni.models.qwen3_omni.vllm_thinker import VllmThinkerDriver, collapse_audio_placeholders
+
+
+@pytest.fixture(scope="module")
+def served(tiny_loaded):
+    """(ws URL, engine): both autoregressive stages on vLLM, behind the realtime server."""
+    from tests.realtime_helpers import serving
+
+    engine = make_engine(tiny_loaded, async_chunk=True, thinker_backend="vllm", talker_backend="vllm")
+    with serving(engine) as (url, engine, _):
+        yield url, engine
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(served):
+    return served[1]
+
+
+def test_both_stages_run_on_vllm_engine(vllm_engine) -> None:
+    drivers = {role: worker.driver for role, worker in vllm_engine.workers.items() if hasattr(worker, "driver")}
+    assert isinstance(drivers["thinker"], VllmThinkerDriver)
+    assert isinstance(drivers["talker"], VllmTalkerDriver)
+
+
+@pytest.mark.parametrize("async_chunk", [True, False], ids=["async_chunk", "sync"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_vllm_stages_equal_transformers(case: str, async_chunk: bool, reference, vllm_engine) -> None:  # noqa: F811
+    expected = reference(case)
+    with async_chunk_set_to(vllm_engine, async_chunk):
+        ours = asyncio.run(run_request(vllm_engine, engine_request(case)))
+    assert ours["final"].error is None
+    assert list(ours["final"].token_ids) == expected["tokens"]
+    assert np.array_equal(ours["codes"], expected["codes"])
+    assert ours["pcm"].shape == expected["one_shot_pcm"].shape
+    assert np.abs(ours["pcm"] - expected["one_shot_pcm"]).max() <= 1
+
+
+def test_concurrent_requests_and_abort_on_vllm(vllm_engine) -> None:
+    async def scenario():
+        requests = [engine_request(case) for case in CASES]
+        solo = await run_request(vllm_engine, engine_request("text"))
+        victim = OmniRequest([Message("user", text="A long story please.")],
+                             sampling={"thinker": {"max_tokens": 200}, "talker": {"max_tokens": 200}})
+        stream = vllm_engine.generate(victim)
+        async for output in stream:  # abort mid-speech: the talker has a running request
+            if isinstance(output, AudioChunk):
+                break
+        assert await vllm_engine.abort(victim.request_id)
+        together = await asyncio.gather(*(run_request(vllm_engine, r) for r in requests))
+        assert together[0]["final"].token_ids == solo["final"].token_ids
+        assert np.array_equal(together[0]["codes"], solo["codes"])  # batched talker steps = solo steps
+        assert np.array_equal(together[0]["pcm"], solo["pcm"])
+        errors = [r["final"].error for r in together]
+        assert all(r["final"].finish_reason in ("stop", "length") for r in together), errors
+        await stream.aclose()
+        for _ in range(100):
+            if vllm_engine.num_active_requests() == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert vllm_engine.num_active_requests() == 0
+
+    asyncio.run(scenario())
+
+
+BAD_REQUESTS = {
+    "thinker max_tokens": (OmniRequest([Message("user", text="hi")], sampling={"thinker": {"max_tokens": 0}}),
+                           "max_tokens"),
+    "talker max_tokens": (OmniRequest([Message("user", text="hi")], sampling={"talker": {"max_tokens": 0}}),
+                          "max_tokens"),
+    "speaker": (OmniRequest([Message("user", text="hi")], speaker="nobody"), "speaker"),
+    "empty audio": (OmniRequest([Message("user", audio=np.zeros(0, dtype=np.float32))]), "audio"),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_REQUESTS))
+def test_bad_input_on_vllm_fails_only_that_request(bad: str, vllm_engine) -> None:
+    request, message = BAD_REQUESTS[bad]
+
+    async def scenario():
+        with pytest.raises(RequestError, match=message):
+            async for _ in vllm_engine.generate(request):
+                pass
+        good = await run_request(vllm_engine, engine_request("text"))
+        assert good["final"].finish_reason in ("stop", "length")
+
+    asyncio.run(scenario())
+
+
+def test_placeholders_collapse_per_audio_item() -> None:
+    pad = 7
+    assert collapse_audio_placeholders([1, pad, pad, pad, 2, pad, pad, 3], pad) == [1, pad, 2, pad, 3]
+
+
+def test_server_vad_two_turns_on_vllm(served) -> None:
+    from tests.realtime_helpers import append_events, connect, fixture_pcm
+    from tests.test_realtime_ga_lane import SERVER_VAD_UPDATE, check_s2_turn
+
+    async def scenario():
+        client = await connect(served[0])
+        await client.next()
+        await client.send(SERVER_VAD_UPDATE)
+        await client.until("session.updated")
+        ids = []
+        for fixture in ("speech_en_single.wav", "speech_with_pause.wav"):
+            await client.send_all(append_events(fixture_pcm(fixture, trailing_silence_s=1.5)))
+            turn = await client.until("response.done", timeout=180)
+            ids.append(check_s2_turn([e for e in turn if e["type"] != "rate_limits.updated"]))
+        await client.close()
+        assert ids[0] != ids[1]
+
+    asyncio.run(scenario())
+
+
+def test_legacy_smoke_on_vllm(served) -> None:
+    from tests.test_realtime_legacy_lane import check_legacy_output, legacy_turn
+
+    client, result = asyncio.run(legacy_turn(served[0], delay=0.02))
+    check_legacy_output(client, result)
+
+
+def test_dead_engines_fail_their_requests_instead_of_hanging(vllm_engine) -> None:
+    """Runs last: SIGKILLs both EngineCore processes of the shared engine."""
+    import os
+    import signal
+
+    import psutil
+
+    engine = vllm_engine
+
+    async def scenario():
+        long = OmniRequest([Message("user", text="Tell me everything.")],
+                           sampling={"thinker": {"max_tokens": 1000}, "talker": {"max_tokens": 1000}})
+        stream = engine.generate(long)
+        await stream.__anext__()
+        children = psutil.Process().children(recursive=True)
+        cores = [p for p in children if "EngineCore" in " ".join(p.cmdline()) + p.name()]
+        assert len(cores) == 2, [p.name() for p in children]
+        for core in cores:
+            os.kill(core.pid, signal.SIGKILL)
+        outputs = [output async for output in stream]
+        assert outputs[-1].finish_reason == "error"
+        assert "thinker" in outputs[-1].error or "talker" in outputs[-1].error
+        for _ in range(100):
+            if len(engine.unhealthy_stages()) == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert sorted(engine.unhealthy_stages()) == ["talker", "thinker"]
+        after = await asyncio.wait_for(run_request(engine, engine_request("text")), 60)
+        assert after["final"].finish_reason == "error"
+
+    asyncio.run(asyncio.wait_for(scenario(), 180))

@@ -1,0 +1,82 @@
+"""What the thinker and talker engines share: AsyncLLM arguments from a stage's deploy
+config, sampling parameters, and the platform check."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from vllm_omni.config import SamplingParams, StageConfig
+
+PASSED_THROUGH = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization",
+                  "enforce_eager")
+
+
+def cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def engine_kwargs(stage: StageConfig, model: str, **defaults: Any) -> dict[str, Any]:
+    """AsyncEngineArgs keywords: `defaults`, then the stage's engine args, then its `extra`.
+    Prefix caching is always off (cached positions run no forward, so neither the thinker's
+    hidden rows nor the talker's per-step inputs would exist for them)."""
+    args = stage.engine_args
+    if args.enable_prefix_caching:
+        raise ValueError(f"stage {stage.stage_id} ({stage.role}) on vLLM: enable_prefix_caching must be off; "
+                         "cached prompt positions are not recomputed, so their hidden states would be missing")
+    kwargs: dict[str, Any] = {"model": model, "dtype": args.dtype or "auto", "enable_prefix_caching": False,
+                              "tensor_parallel_size": args.tensor_parallel_size,
+                              "trust_remote_code": args.trust_remote_code, **defaults}
+    for name in PASSED_THROUGH:
+        value = getattr(args, name)
+        if value is not None:
+            kwargs[name] = value
+    if args.limit_mm_per_prompt:
+        kwargs["limit_mm_per_prompt"] = args.limit_mm_per_prompt
+    kwargs.update(args.extra)
+    if cpu_platform():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    return kwargs
+
+
+def vllm_sampling(params: SamplingParams, stop_token_ids: list[int], **overrides: Any) -> Any:
+    """vLLM sampling parameters streaming deltas of token ids (no detokenisation)."""
+    from vllm import SamplingParams as VllmSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    fields: dict[str, Any] = dict(
+        temperature=params.temperature, top_k=params.top_k if params.top_k is not None else 0,
+        top_p=params.top_p, min_p=params.min_p, max_tokens=params.max_tokens, min_tokens=params.min_tokens,
+        repetition_penalty=params.repetition_penalty, seed=params.seed, ignore_eos=params.ignore_eos,
+        stop_token_ids=stop_token_ids, detokenize=False, output_kind=RequestOutputKind.DELTA)
+    fields.update(overrides)
+    return VllmSamplingParams(**fields)
+
+
+class VllmEngineDriver:
+    """One AsyncLLM engine serving one stage; subclasses say how it is configured
+    (`engine_kwargs`) and how a request runs (`run`)."""
+
+    def __init__(self, checkpoint_path: str, stage: StageConfig):
+        self.checkpoint_path = checkpoint_path
+        self.stage = stage
+        self.engine: Any = None
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_kwargs()))
+
+    async def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+
+    def healthy(self) -> bool:
+        return self.engine is not None and not self.engine.errored

@@ -1,0 +1,120 @@
+"""The talker on vLLM: our out-of-tree `Qwen3OmniTalkerForVllm` behind AsyncLLM.
+
+Per request: the bridge builds the prompt rows from the thinker's hidden rows (as on the
+torch backend) and the request goes in as `prompt_embeds`. Text the thinker feeds back
+arrives later (`feed`) and is pushed, in order, into the engine's `TextFeed` by one
+pusher task per request; the engine's scheduler holds a decode step until its text row
+exists. Each engine output carries new codebook-0 ids; the frames they complete (codes
+1..15 from the code predictor, run inside the next talker step) are taken with
+`collective_rpc("omni_take_frames")` and emitted as `CodecFrame`s. The last sampled id
+(EOS or the one reaching max_tokens) gets no frame, as in the reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from vllm_omni.config import StageConfig
+from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
+from vllm_omni.models.qwen3_omni.stages import CodecFrame, TalkerJob, ThinkerFinished, TrailingText
+from vllm_omni.models.qwen3_omni.talker_bridge import ThinkerToTalkerBridge
+from vllm_omni.models.qwen3_omni.vllm_engine import VllmEngineDriver, cpu_platform, engine_kwargs, vllm_sampling
+from vllm_omni.models.qwen3_omni.vllm_talker_feed import IGNORE_EOS_KEY, REPETITION_PENALTY_KEY
+from vllm_omni.models.qwen3_omni.vllm_workers import worker_class_path
+from vllm_omni.models.stage_api import Emit, StageDone
+from vllm_omni.models.vllm_plugin import QWEN3_OMNI_TALKER
+
+GATE = "vllm_omni.models.qwen3_omni.vllm_talker_gate.{}"
+_FINISHED = object()  # end marker in a request's text queue
+
+
+class VllmTalkerDriver(VllmEngineDriver):
+    def __init__(self, checkpoint: Qwen3OmniCheckpoint, stage: StageConfig):
+        super().__init__(str(checkpoint.path), stage)
+        self.bridge = ThinkerToTalkerBridge(checkpoint)
+        self.eos_token_id = checkpoint.config.talker_config.codec_eos_token_id
+        self._text_queues: dict[str, asyncio.Queue] = {}
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        if self.stage.engine_args.enforce_eager is False:
+            raise ValueError(f"stage {self.stage.stage_id} (talker) on vLLM: enforce_eager must be true (the "
+                             "per-step code predictor and text rows run as Python around the decoder)")
+        cpu = cpu_platform()
+        kwargs = engine_kwargs(
+            self.stage, self.checkpoint_path, hf_overrides={"architectures": [QWEN3_OMNI_TALKER]},
+            enable_prompt_embeds=True, skip_tokenizer_init=True,
+            limit_mm_per_prompt={"audio": 0, "image": 0, "video": 0},
+            enforce_eager=True,
+            worker_cls=worker_class_path("Talker", cpu=cpu))
+        from vllm_omni.models.qwen3_omni.vllm_talker_gate import TalkerExecutor
+
+        kwargs["distributed_executor_backend"] = TalkerExecutor
+        if "scheduler_cls" not in kwargs:
+            async_scheduling = bool(kwargs.get("async_scheduling")) and not cpu
+            kwargs["scheduler_cls"] = GATE.format("TalkerAsyncScheduler" if async_scheduling
+                                                        else "TalkerScheduler")
+        return kwargs
+
+    def starts_request(self, message: object) -> bool:
+        return isinstance(message, TalkerJob)
+
+    def _text_queue(self, request_id: str) -> asyncio.Queue:
+        """The request's text queue; `feed` may come before `run` has started."""
+        return self._text_queues.setdefault(request_id, asyncio.Queue())
+
+    def feed(self, request_id: str, message: object) -> None:
+        queue = self._text_queue(request_id)
+        if isinstance(message, TrailingText):
+            queue.put_nowait(message.token_ids)
+        elif isinstance(message, ThinkerFinished):
+            queue.put_nowait(_FINISHED)
+        else:
+            raise TypeError(f"talker cannot take {type(message).__name__}")
+
+    async def _push_text(self, request_id: str, queue: asyncio.Queue) -> None:
+        """Pushes queued text into the engine in order, coalescing what piled up meanwhile."""
+        finished = False
+        while not finished:
+            items = [await queue.get()]
+            while not queue.empty():
+                items.append(queue.get_nowait())
+            token_ids = [t for item in items if item is not _FINISHED for t in item]
+            finished = any(item is _FINISHED for item in items)
+            await self.engine.collective_rpc("omni_push_text", args=(request_id, token_ids, finished))
+
+    async def _take_frames(self, request_id: str) -> list[list[int]]:
+        replies = await self.engine.collective_rpc("omni_take_frames", args=([request_id],))
+        return replies[0].get(request_id, [])
+
+    async def run(self, request_id: str, message: object, emit: Emit) -> None:
+        if not isinstance(message, TalkerJob):
+            raise TypeError(f"talker cannot start with {type(message).__name__}")
+        job = message
+        queue = self._text_queue(request_id)
+        embeds = self.bridge.prompt_embeddings(job.input_ids, job.prefill, job.speaker)[0]
+        params = job.sampling
+        sampling = vllm_sampling(
+            params, [] if params.ignore_eos else [self.eos_token_id],
+            repetition_penalty=1.0, ignore_eos=False,  # both applied by the model (vllm_talker_model.py)
+            extra_args={REPETITION_PENALTY_KEY: params.repetition_penalty, IGNORE_EOS_KEY: params.ignore_eos})
+        pusher = asyncio.create_task(self._push_text(request_id, queue))
+        codes0: list[int] = []
+        frames = 0
+        try:
+            async for output in self.engine.generate({"prompt_embeds": embeds.contiguous()}, sampling, request_id):
+                codes0 += output.outputs[0].token_ids
+                if pusher.done():
+                    pusher.result()  # surfaces a failed push
+                for frame in await self._take_frames(request_id):
+                    frames += 1
+                    emit(CodecFrame(tuple(frame)))
+                if output.finished:
+                    emit(StageDone("stop" if codes0 and codes0[-1] == self.eos_token_id else "length", frames))
+        finally:
+            pusher.cancel()
+            await asyncio.gather(pusher, return_exceptions=True)
+            try:
+                await self.engine.collective_rpc("omni_forget", args=(request_id,))
+            finally:  # last, with no await after it: `feed` is only called while this task runs
+                self._text_queues.pop(request_id, None)

@@ -1,0 +1,90 @@
+"""The talker engine's worker: a runner extension that tells the talker model, before each
+forward, how the flattened batch is laid out (`TalkerStepPlan`), and the RPC methods the
+orchestrator calls through `collective_rpc` (push text, take finished frames, forget).
+
+The plan is built in `_model_forward` (the runner has updated its persistent batch and
+prepared the inputs by then) from `input_batch.req_ids`, the scheduler's per-request
+token counts, the prepared positions and the scheduled token ids; it is cleared when
+`execute_model` returns, so vLLM's dummy and profiling runs see no plan.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vllm_omni.config import SamplingParams
+from vllm_omni.models.qwen3_omni.vllm_talker_feed import (
+    IGNORE_EOS_KEY,
+    REPETITION_PENALTY_KEY,
+    TEXT_FEED,
+    external_request_id,
+)
+from vllm_omni.models.qwen3_omni.vllm_talker_model import PlannedRequest, TalkerStepPlan
+from vllm_omni.models.qwen3_omni.vllm_workers import RunnerExtensionWorkerMixin
+
+
+def planned_sampling(params: Any) -> SamplingParams:
+    """What the talker model needs of a request's vLLM sampling params."""
+    extra = params.extra_args or {}
+    return SamplingParams(temperature=params.temperature, seed=params.seed,
+                          repetition_penalty=extra.get(REPETITION_PENALTY_KEY, 1.0),
+                          ignore_eos=extra.get(IGNORE_EOS_KEY, False))
+
+
+class _TalkerRunnerMixin:
+    _omni_scheduled: Any = None
+
+    def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        self._omni_scheduled = scheduler_output
+        try:
+            return super().execute_model(scheduler_output, *args, **kwargs)
+        finally:
+            self._omni_scheduled = None
+            self.get_model().plan = None
+
+    def _model_forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._omni_scheduled is not None:
+            self.get_model().plan = self._omni_plan(kwargs["positions"])
+        return super()._model_forward(*args, **kwargs)
+
+    def _omni_plan(self, positions: torch.Tensor) -> TalkerStepPlan:
+        scheduled = self._omni_scheduled
+        total = scheduled.total_num_scheduled_tokens
+        model = self.get_model()
+        planned, start = [], 0
+        for req_id in self.input_batch.req_ids:
+            count = scheduled.num_scheduled_tokens.get(req_id, 0)
+            if count:
+                request = self.requests[req_id]
+                sampling = planned_sampling(request.sampling_params)
+                model.begin_request(req_id, sampling)
+                planned.append(PlannedRequest(req_id, start, count, request.num_prompt_tokens, sampling))
+            start += count
+        flat_positions = positions[0] if positions.ndim == 2 else positions
+        return TalkerStepPlan(planned, token_ids=self.input_ids.gpu[:total].cpu(),
+                              positions=flat_positions[:total].cpu())
+
+
+class TalkerWorkerMixin(RunnerExtensionWorkerMixin):
+    runner_mixin = _TalkerRunnerMixin
+
+    def _internal_ids(self, request_id: str) -> list[str]:
+        return [key for key in self.model_runner.get_model().requests if external_request_id(key) == request_id]
+
+    def omni_push_text(self, request_id: str, token_ids: list[int], finished: bool) -> None:
+        TEXT_FEED.push(request_id, token_ids, finished)
+
+    def omni_take_frames(self, request_ids: list[str]) -> dict[str, list[list[int]]]:
+        """Finished frames (16 codes each) of these requests, in order; each frame once."""
+        model = self.model_runner.get_model()
+        wanted = set(request_ids)
+        return {external_request_id(key): model.take_frames(key)
+                for key in list(model.requests) if external_request_id(key) in wanted}
+
+    def omni_forget(self, request_id: str) -> None:
+        model = self.model_runner.get_model()
+        for key in self._internal_ids(request_id):
+            model.forget(key)
+        TEXT_FEED.forget(request_id)

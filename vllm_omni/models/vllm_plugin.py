@@ -1,0 +1,20 @@
+"""vLLM plugin entry point (`vllm.general_plugins` in pyproject.toml): registers our
+out-of-tree models with vLLM's model registry, in every vLLM process. Registration is by
+class path, so nothing heavy is imported until vLLM builds the model."""
+
+from __future__ import annotations
+
+QWEN3_OMNI_TALKER = "Qwen3OmniTalkerForVllm"
+
+OUT_OF_TREE_MODELS = {
+    QWEN3_OMNI_TALKER: f"vllm_omni.models.qwen3_omni.vllm_talker_model:{QWEN3_OMNI_TALKER}",
+}
+
+
+def register() -> None:
+    from vllm import ModelRegistry
+
+    supported = ModelRegistry.get_supported_archs()
+    for architecture, class_path in OUT_OF_TREE_MODELS.items():
+        if architecture not in supported:
+            ModelRegistry.register_model(architecture, class_path)
