@@ -1,11 +1,12 @@
-"""Concurrent requests on the thinker's torch backend and on its vLLM backend, in one run.
+"""Concurrent requests on the torch backend and on the vLLM backend, in one run.
 
     .venv/bin/python benchmarks/batching.py [--model DIR] [--concurrency 8]
 
 For each backend: the time of one request alone, and the wall time of N identical-size
 requests submitted at once; with continuous batching N requests take far less than N times
-one. Measured text-only (the thinker's own work) and with speech (the talker and code2wav
-still run on the torch backend). Writes JSON and prints a table.
+one. Measured text-only (the thinker's own work) and with speech (thinker + talker +
+code2wav; on the vLLM configuration the thinker and the talker are vLLM engines, code2wav
+is torch in both). Writes JSON and prints a table.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def main() -> None:
         build_tiny_checkpoint(args.model)
     checkpoint = load_checkpoint(args.model)
     results = {}
-    for backend, config in (("torch", "qwen3_omni_tiny_cpu"), ("vllm", "qwen3_omni_tiny_cpu_vllm")):
+    for backend, config in (("torch", "qwen3_omni_tiny_cpu_torch"), ("vllm", "qwen3_omni_tiny_cpu")):
         deploy = load_deploy_config(get_deploy_config_path(config), platform="cpu")
         engine = OmniEngine(Qwen3OmniPipeline(checkpoint, deploy), deploy)
         try:
@@ -76,7 +77,7 @@ def main() -> None:
                                                                      args.concurrency))
         finally:
             engine.shutdown()
-    print(f"\nthinker backend and output: one request alone vs {args.concurrency} at once "
+    print(f"\nbackend and output: one request alone vs {args.concurrency} at once "
           f"({args.tokens} tokens each)\n")
     print(f"{'':16s} {'solo (s)':>9s} {f'{args.concurrency} at once (s)':>15s} {'ratio':>7s}")
     for name, row in results.items():

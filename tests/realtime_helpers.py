@@ -32,7 +32,7 @@ def free_port() -> int:
 @contextmanager
 def running_server(checkpoint, overrides: dict[str, Any], **settings: Any):
     """Serve the tiny checkpoint with the tiny CPU config plus `overrides`; yield the ws URL."""
-    path = modify_stage_config(get_deploy_config_path("qwen3_omni_tiny_cpu"), overrides)
+    path = modify_stage_config(get_deploy_config_path("qwen3_omni_tiny_cpu_torch"), overrides)
     deploy = load_deploy_config(path, platform="cpu")
     engine = OmniEngine(Qwen3OmniPipeline(checkpoint, deploy), deploy)
     with serving(engine, **settings) as served:

@@ -11,8 +11,10 @@ from vllm_omni.config import get_deploy_config_path, load_deploy_config, modify_
 from vllm_omni.config import loader as loader_module
 from vllm_omni.config.schema import PLATFORMS
 
+BUNDLED = ["qwen3_omni_moe", "qwen3_omni_duplex", "qwen3_omni_tiny_cpu", "qwen3_omni_tiny_cpu_torch"]
 
-@pytest.mark.parametrize("name", ["qwen3_omni_moe", "qwen3_omni_duplex", "qwen3_omni_tiny_cpu"])
+
+@pytest.mark.parametrize("name", BUNDLED)
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_bundled_configs_load_on_every_platform(name: str, platform: str) -> None:
     config = load_deploy_config(get_deploy_config_path(name), platform=platform)
@@ -35,9 +37,13 @@ def test_production_layout() -> None:
     assert thinker.default_sampling_params.max_tokens == 2048
 
 
-def test_tiny_cpu_config_is_greedy_everywhere() -> None:
-    config = load_deploy_config(get_deploy_config_path("qwen3_omni_tiny_cpu"), platform="cpu")
-    assert all(s.default_sampling_params.temperature == 0.0 for s in config.stages)
+def test_tiny_cpu_configs_are_greedy_everywhere_and_differ_only_in_backends() -> None:
+    served = load_deploy_config(get_deploy_config_path("qwen3_omni_tiny_cpu"), platform="cpu")
+    reference = load_deploy_config(get_deploy_config_path("qwen3_omni_tiny_cpu_torch"), platform="cpu")
+    assert all(s.default_sampling_params.temperature == 0.0 for s in served.stages)
+    assert [s.backend for s in served.stages] == ["vllm", "vllm", "torch"]
+    assert [s.backend for s in reference.stages] == ["torch", "torch", "torch"]
+    assert [s.default_sampling_params for s in served.stages] == [s.default_sampling_params for s in reference.stages]
 
 
 def test_duplex_config_inherits_and_applies_platform() -> None:

@@ -139,3 +139,26 @@ def test_thinker_listens(model, processor) -> None:
                for name in ("speech_en_single.wav", "silence_2s.wav", "noise_only.wav")}
     speech, silence, noise = outputs.values()
     assert speech != silence and speech != noise and silence != noise
+
+
+def test_bridge_only_loading_holds_the_same_weights_as_the_full_model(tiny_checkpoint: Path, tiny_loaded) -> None:
+    from vllm_omni.models.qwen3_omni.checkpoint import load_checkpoint
+    from vllm_omni.models.qwen3_omni.talker_bridge import ThinkerToTalkerBridge
+    from vllm_omni.models.qwen3_omni.thinker_torch import ThinkerPrefill
+
+    light = load_checkpoint(tiny_checkpoint, bridge_only=True)
+    assert light.model is None
+    assert torch.equal(light.thinker.get_input_embeddings().weight, tiny_loaded.thinker.get_input_embeddings().weight)
+    assert torch.equal(light.talker.get_input_embeddings().weight, tiny_loaded.talker.get_input_embeddings().weight)
+    full_code2wav = tiny_loaded.code2wav.state_dict()
+    assert all(torch.equal(value, full_code2wav[name]) for name, value in light.code2wav.state_dict().items())
+    codes = torch.randint(0, 2048, (1, 16, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(light.code2wav(codes), tiny_loaded.code2wav(codes))
+    tokenizer = tiny_loaded.tokenizer
+    ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}],
+                                                         add_generation_prompt=True, tokenize=False))
+    hidden = torch.randn(len(ids), tiny_loaded.config.thinker_config.text_config.hidden_size)
+    prefill = ThinkerPrefill(first_token=ids[0], embeddings=hidden, accept_hidden=hidden)
+    light_rows = ThinkerToTalkerBridge(light).prompt_embeddings(ids, prefill, "ethan")
+    assert torch.equal(light_rows, ThinkerToTalkerBridge(tiny_loaded).prompt_embeddings(ids, prefill, "ethan"))

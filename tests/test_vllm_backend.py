@@ -13,16 +13,19 @@ import pytest
 from tests.engine_helpers import async_chunk_set_to, make_engine, run_request
 from tests.test_pipeline_parity import CASES, engine_request, reference  # noqa: F401  (fixture)
 from vllm_omni.engine import AudioChunk, Message, OmniRequest, RequestError
+from vllm_omni.models.qwen3_omni.checkpoint import load_checkpoint
 from vllm_omni.models.qwen3_omni.vllm_talker import VllmTalkerDriver
 from vllm_omni.models.qwen3_omni.vllm_thinker import VllmThinkerDriver, collapse_audio_placeholders
 
 
 @pytest.fixture(scope="module")
-def served(tiny_loaded):
-    """(ws URL, engine): both autoregressive stages on vLLM, behind the realtime server."""
+def served(tiny_checkpoint):
+    """(ws URL, engine): both autoregressive stages on vLLM, behind the realtime server; this
+    process holds only code2wav and the bridge's modules, as in production."""
     from tests.realtime_helpers import serving
 
-    engine = make_engine(tiny_loaded, async_chunk=True, thinker_backend="vllm", talker_backend="vllm")
+    checkpoint = load_checkpoint(tiny_checkpoint, bridge_only=True)
+    engine = make_engine(checkpoint, async_chunk=True, thinker_backend="vllm", talker_backend="vllm")
     with serving(engine) as (url, engine, _):
         yield url, engine
 

@@ -87,7 +87,9 @@ class OmniEngine:
                 raise ValueError(f"stage {stage.stage_id} ({stage.role}): backend 'vllm' serves the "
                                  "autoregressive stages (thinker, talker); use backend: torch")
         dtype = deploy.stage_by_role("thinker").engine_args.dtype or "float32"
-        checkpoint = load_checkpoint(model, dtype=dtype)
+        # With both autoregressive stages in vLLM engines, this process runs only code2wav and the bridge.
+        engines_hold_weights = all(deploy.stage_by_role(role).backend == "vllm" for role in ("thinker", "talker"))
+        checkpoint = load_checkpoint(model, dtype=dtype, bridge_only=engines_hold_weights)
         return cls(Qwen3OmniPipeline(checkpoint, deploy, code2wav_mode=code2wav_mode), deploy)
 
     # Public interface -------------------------------------------------------------------

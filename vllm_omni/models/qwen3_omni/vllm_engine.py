@@ -4,6 +4,8 @@ config, sampling parameters, and the platform check."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from vllm_omni.config import SamplingParams, StageConfig
@@ -16,6 +18,42 @@ def cpu_platform() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
+
+
+def visible_device_ids(devices: list[int], outer: str | None) -> str:
+    """The device-control value for a stage's `devices`, numbered as this process sees
+    them: with an outer CUDA_VISIBLE_DEVICES=4,5,6 a stage on [1] gets "5"."""
+    visible = [d for d in outer.split(",") if d] if outer else None
+    if visible is None:
+        return ",".join(str(d) for d in devices)
+    unknown = [d for d in devices if d >= len(visible)]
+    if unknown:
+        raise ValueError(f"devices {unknown} are not visible (only {len(visible)}: {outer})")
+    return ",".join(visible[d] for d in devices)
+
+
+@contextmanager
+def stage_devices(stage: StageConfig) -> Iterator[None]:
+    """Pin the engine processes started inside to the stage's `devices` (they inherit the
+    environment, e.g. CUDA_VISIBLE_DEVICES); nothing to do on CPU."""
+    if cpu_platform():
+        yield
+        return
+    from vllm.platforms import current_platform
+
+    if len(stage.devices) < stage.engine_args.tensor_parallel_size:
+        raise ValueError(f"stage {stage.stage_id} ({stage.role}): tensor_parallel_size "
+                         f"{stage.engine_args.tensor_parallel_size} needs as many devices, got {stage.devices}")
+    variable = current_platform.device_control_env_var
+    outer = os.environ.get(variable)
+    os.environ[variable] = visible_device_ids(stage.devices, outer)
+    try:
+        yield
+    finally:
+        if outer is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = outer
 
 
 def engine_kwargs(stage: StageConfig, model: str, **defaults: Any) -> dict[str, Any]:
@@ -71,7 +109,8 @@ class VllmEngineDriver:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_kwargs()))
+        with stage_devices(self.stage):
+            self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_kwargs()))
 
     async def shutdown(self) -> None:
         if self.engine is not None:

@@ -1,0 +1,90 @@
+"""Units of the talker-on-vLLM plumbing: the text feed, request-id mapping, the scheduler's
+text gate (over a stand-in scheduler), and device pinning. The whole path runs on real
+engines in test_vllm_backend.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from vllm_omni.models.qwen3_omni.vllm_engine import visible_device_ids
+from vllm_omni.models.qwen3_omni.vllm_talker_feed import TEXT_FEED, TextFeed, external_request_id
+from vllm_omni.models.qwen3_omni.vllm_talker_gate import _TextGateMixin
+
+EOS, PAD = 90, 91
+
+
+def test_text_feed_gives_tokens_then_eos_then_pad() -> None:
+    feed = TextFeed()
+    assert feed.token_for_step("r", 0, EOS, PAD) is None  # nothing pushed yet
+    feed.push("r", [5, 6], finished=False)
+    assert [feed.token_for_step("r", step, EOS, PAD) for step in range(3)] == [5, 6, None]
+    feed.push("r", [7], finished=True)
+    assert [feed.token_for_step("r", step, EOS, PAD) for step in range(6)] == [5, 6, 7, EOS, PAD, PAD]
+    feed.forget("r")
+    assert not feed.ready("r", 0)
+
+
+def test_internal_ids_map_back_to_the_orchestrators_ids() -> None:
+    assert external_request_id("req-0a1b2c3d4e5f6071-1f2e3d4c") == "req-0a1b2c3d4e5f6071"
+    assert external_request_id("plain") == "plain"
+
+
+@dataclass
+class FakeRequest:
+    request_id: str
+    num_prompt_tokens: int
+    num_computed_tokens: int
+
+
+@dataclass
+class FakeOutput:
+    total_num_scheduled_tokens: int
+
+
+class FakeScheduler:
+    """Stands in for vLLM's scheduler: schedules everything in `running`, one token each."""
+
+    def __init__(self, running: list[FakeRequest]):
+        self.running = running
+        self.max_num_running_reqs = 8
+        self.seen: list[list[str]] = []
+        self.limits: list[int] = []
+
+    def schedule(self) -> FakeOutput:
+        self.seen.append([r.request_id for r in self.running])
+        self.limits.append(self.max_num_running_reqs)
+        return FakeOutput(len(self.running))
+
+
+class GatedFake(_TextGateMixin, FakeScheduler):
+    pass
+
+
+def test_gate_holds_requests_whose_text_row_is_missing() -> None:
+    prefilling = FakeRequest("pre-00000001", num_prompt_tokens=10, num_computed_tokens=0)
+    waiting = FakeRequest("wait-00000002", num_prompt_tokens=10, num_computed_tokens=11)  # needs step 1
+    ready = FakeRequest("ready-00000003", num_prompt_tokens=10, num_computed_tokens=10)  # needs step 0
+    TEXT_FEED.push("wait", [1], finished=False)
+    TEXT_FEED.push("ready", [1], finished=False)
+    try:
+        scheduler = GatedFake([prefilling, waiting, ready])
+        assert scheduler.schedule().total_num_scheduled_tokens == 2
+        assert scheduler.seen[-1] == ["pre-00000001", "ready-00000003"]
+        assert scheduler.limits[-1] == 7  # the held request keeps its seat
+        assert [r.request_id for r in scheduler.running] == ["wait-00000002", "pre-00000001", "ready-00000003"]
+        assert scheduler.max_num_running_reqs == 8
+        TEXT_FEED.push("wait", [2], finished=False)
+        scheduler.schedule()
+        assert len(scheduler.seen[-1]) == 3
+    finally:
+        TEXT_FEED.forget("wait")
+        TEXT_FEED.forget("ready")
+
+
+def test_stage_devices_are_numbered_as_this_process_sees_them() -> None:
+    assert visible_device_ids([1], None) == "1"
+    assert visible_device_ids([0, 1], "4,5,6") == "4,5"
+    with pytest.raises(ValueError, match="not visible"):
+        visible_device_ids([3], "4,5")
