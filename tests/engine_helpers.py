@@ -33,7 +33,9 @@ class RecordingPipeline(Qwen3OmniPipeline):
 def make_engine(checkpoint, *, async_chunk: bool = True, first: int = 4, later: int = 25,
                 code2wav_mode: str = "exact", max_num_seqs: int | None = None,
                 thinker_backend: str = "torch", talker_backend: str = "torch") -> OmniEngine:
-    deploy = load_deploy_config(get_deploy_config_path("qwen3_omni_tiny_cpu_torch"), platform="cpu")
+    on_vllm = "vllm" in (thinker_backend, talker_backend)  # then with the served config's engine arguments
+    config = "qwen3_omni_tiny_cpu" if on_vllm else "qwen3_omni_tiny_cpu_torch"
+    deploy = load_deploy_config(get_deploy_config_path(config), platform="cpu")
     chunking = {"initial_codec_chunk_frames": first, "codec_chunk_frames": later}
     connectors = [c.model_copy(update={"extra": c.extra.model_copy(update=chunking)}) if c.extra else c
                   for c in deploy.connectors]

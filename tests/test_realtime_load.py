@@ -32,34 +32,40 @@ async def one_session(url: str) -> list[dict]:
 def test_eight_sessions_three_turns(tiny_loaded) -> None:
     overrides = {"stages.1.default_sampling_params.max_tokens": 24}
     with running_server(tiny_loaded, overrides) as (url, engine, app):
-        async def tasks_on_server() -> int:
-            return len(asyncio.all_tasks())
+        check_concurrent_sessions(url, engine, app)
 
-        def server_tasks() -> int:
-            return asyncio.run_coroutine_threadsafe(tasks_on_server(), app.state.loop).result(timeout=10)
 
-        baseline = server_tasks()
+def check_concurrent_sessions(url: str, engine, app) -> None:
+    """SESSIONS x TURNS server-VAD turns: all complete with audio, no error event, and
+    nothing (requests, sessions, server tasks) outlives its session."""
+    async def tasks_on_server() -> int:
+        return len(asyncio.all_tasks())
 
-        async def load():
-            return await asyncio.gather(*(one_session(url) for _ in range(SESSIONS)))
+    def server_tasks() -> int:
+        return asyncio.run_coroutine_threadsafe(tasks_on_server(), app.state.loop).result(timeout=10)
 
-        results = asyncio.run(load())
-        for turns in results:
-            assert len(turns) == TURNS
-            for events in turns:
-                assert not any(e["type"] == "error" for e in events)
-                assert events[-1]["response"]["status"] == "completed"
-                assert any(e["type"] == "response.output_audio.delta" for e in events)
-        deadline = time.monotonic() + 5
-        while engine.num_active_requests() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert engine.num_active_requests() == 0
-        health = httpx.get(url.replace("ws://", "http://") + "/health").json()
-        assert health["active_sessions"] == 0 and health["status"] == "ok"
-        metrics = httpx.get(url.replace("ws://", "http://") + "/metrics").text
-        assert "vllm_omni_realtime_active_sessions 0.0" in metrics
-        assert 'vllm_omni_realtime_responses_total{status="completed"}' in metrics
-        deadline = time.monotonic() + 5
-        while server_tasks() > baseline and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert server_tasks() <= baseline  # no response, writer or session task outlives its session
+    baseline = server_tasks()
+
+    async def load():
+        return await asyncio.gather(*(one_session(url) for _ in range(SESSIONS)))
+
+    results = asyncio.run(load())
+    for turns in results:
+        assert len(turns) == TURNS
+        for events in turns:
+            assert not any(e["type"] == "error" for e in events), [e for e in events if e["type"] == "error"]
+            assert events[-1]["response"]["status"] == "completed"
+            assert any(e["type"] == "response.output_audio.delta" for e in events)
+    deadline = time.monotonic() + 5
+    while engine.num_active_requests() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.num_active_requests() == 0
+    health = httpx.get(url.replace("ws://", "http://") + "/health").json()
+    assert health["active_sessions"] == 0 and health["status"] == "ok"
+    metrics = httpx.get(url.replace("ws://", "http://") + "/metrics").text
+    assert "vllm_omni_realtime_active_sessions 0.0" in metrics
+    assert 'vllm_omni_realtime_responses_total{status="completed"}' in metrics
+    deadline = time.monotonic() + 5
+    while server_tasks() > baseline and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server_tasks() <= baseline  # no response, writer or session task outlives its session

@@ -20,14 +20,14 @@ from vllm_omni.models.qwen3_omni.vllm_thinker import VllmThinkerDriver, collapse
 
 @pytest.fixture(scope="module")
 def served(tiny_checkpoint):
-    """(ws URL, engine): both autoregressive stages on vLLM, behind the realtime server; this
+    """(ws URL, engine, app): both autoregressive stages on vLLM, behind the realtime server; this
     process holds only code2wav and the bridge's modules, as in production."""
     from tests.realtime_helpers import serving
 
     checkpoint = load_checkpoint(tiny_checkpoint, bridge_only=True)
     engine = make_engine(checkpoint, async_chunk=True, thinker_backend="vllm", talker_backend="vllm")
-    with serving(engine) as (url, engine, _):
-        yield url, engine
+    with serving(engine) as (url, engine, app):
+        yield url, engine, app
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +135,14 @@ def test_legacy_smoke_on_vllm(served) -> None:
 
     client, result = asyncio.run(legacy_turn(served[0], delay=0.02))
     check_legacy_output(client, result)
+
+
+def test_eight_sessions_three_turns_on_vllm(served) -> None:
+    """Found under load: later turns carry several audio items, and the prefills of
+    sessions that commit together share one vLLM encoder batch."""
+    from tests.test_realtime_load import check_concurrent_sessions
+
+    check_concurrent_sessions(*served)
 
 
 def test_dead_engines_fail_their_requests_instead_of_hanging(vllm_engine) -> None:

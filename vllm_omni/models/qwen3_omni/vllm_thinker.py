@@ -57,15 +57,11 @@ class VllmThinkerDriver(VllmEngineDriver):
         features = job.prompt.audio_features
         if not features:
             return TokensPrompt(prompt_token_ids=ids)
-        # Several items go in as one padded batch, as transformers' processor lays them out.
-        lengths = torch.tensor([f.shape[-1] for f in features])
-        batch = torch.zeros(len(features), features[0].shape[0], int(lengths.max()))
-        mask = torch.zeros(len(features), int(lengths.max()), dtype=torch.long)
-        for i, f in enumerate(features):
-            batch[i, :, : f.shape[-1]] = f
-            mask[i, : f.shape[-1]] = 1
-        audio = {"input_audio_features": batch if len(features) > 1 else batch[0],
-                 "audio_feature_lengths": lengths, "feature_attention_mask": mask}
+        # vLLM's layout (its field config splits the features by `audio_feature_lengths` along
+        # time), so items of requests batched together in one encoder pass stay separable.
+        audio = {"input_audio_features": torch.cat(list(features), dim=-1),
+                 "audio_feature_lengths": torch.tensor([f.shape[-1] for f in features]),
+                 "feature_attention_mask": [torch.ones(f.shape[-1], dtype=torch.long) for f in features]}
         return TokensPrompt(prompt_token_ids=ids, multi_modal_data={"audio": audio})
 
     async def _prompt_rows(self, request_id: str, first_token: int, length: int) -> ThinkerPrefill:
