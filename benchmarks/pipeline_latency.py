@@ -1,7 +1,8 @@
 """Latency of the staged pipeline against plain transformers `generate`, in one run.
 
 For a spoken answer of at least `--min-audio-s` seconds, measures time to the first audio
-chunk and total time with async_chunk on, async_chunk off, and transformers'
+chunk and total time with async_chunk on and off, for each deploy config (by default every
+stage on torch, then thinker and talker on vLLM), and transformers'
 `generate(return_audio=True)` (which returns audio only at the end), all on the same
 checkpoint and input. Also measures the cost of one code2wav chunk with exact streaming
 (state carried between chunks) against the reference's re-decode with 25 frames of left
@@ -100,7 +101,8 @@ def median_runs(runs: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="checkpoint folder (default: build the tiny one)")
-    parser.add_argument("--deploy-config", default=str(get_deploy_config_path("qwen3_omni_tiny_cpu")))
+    parser.add_argument("--deploy-configs", default="qwen3_omni_tiny_cpu_torch,qwen3_omni_tiny_cpu",
+                        help="comma-separated bundled config names, measured in this order")
     parser.add_argument("--wav", default=str(REPO.parent / "shared/fixtures/speech_en_single.wav"))
     parser.add_argument("--thinker-tokens", type=int, default=32)
     parser.add_argument("--min-audio-s", type=float, default=10.0)
@@ -119,16 +121,19 @@ def main() -> None:
     # The talker's last token gets no frame; the decoder's look-ahead costs 555 samples.
     talker_tokens = int(np.ceil((args.min_audio_s + 555 / 24000) / FRAME_S)) + 1
     checkpoint = load_checkpoint(model)
-    deploy = load_deploy_config(args.deploy_config, platform="cpu")
 
     results: dict[str, dict] = {}
-    for name, async_chunk in (("pipeline, async_chunk on", True), ("pipeline, async_chunk off", False)):
-        config = deploy.model_copy(update={"async_chunk": async_chunk})
-        engine = OmniEngine(Qwen3OmniPipeline(checkpoint, config), config)
+    for config_name in args.deploy_configs.split(","):
+        deploy = load_deploy_config(get_deploy_config_path(config_name), platform="cpu")
+        backends = "/".join(stage.backend for stage in deploy.stages)
+        engine = OmniEngine(Qwen3OmniPipeline(checkpoint, deploy), deploy)
         try:
-            asyncio.run(time_engine(engine, audio, args.thinker_tokens, talker_tokens))  # warm-up
-            results[name] = median_runs([asyncio.run(time_engine(engine, audio, args.thinker_tokens,
-                                                                 talker_tokens)) for _ in range(args.repeats)])
+            for async_chunk in (True, False):
+                engine.pipeline.set_async_chunk(async_chunk)
+                asyncio.run(time_engine(engine, audio, args.thinker_tokens, talker_tokens))  # warm-up
+                runs = [asyncio.run(time_engine(engine, audio, args.thinker_tokens, talker_tokens))
+                        for _ in range(args.repeats)]
+                results[f"{backends}, async_chunk {'on' if async_chunk else 'off'}"] = median_runs(runs)
         finally:
             engine.shutdown()
     time_transformers(checkpoint, audio, args.thinker_tokens, talker_tokens)  # warm-up
@@ -138,9 +143,9 @@ def main() -> None:
 
     print(f"\nmodel: {model}\nanswer: {args.thinker_tokens} text tokens, {talker_tokens} codec tokens; "
           f"median of {args.repeats} runs\n")
-    print(f"{'':28s} {'first audio (s)':>16s} {'total (s)':>10s} {'audio (s)':>10s} {'chunks':>7s}")
+    print(f"{'':34s} {'first audio (s)':>16s} {'total (s)':>10s} {'audio (s)':>10s} {'chunks':>7s}")
     for name, row in results.items():
-        print(f"{name:28s} {row['first_audio_s']:16.3f} {row['total_s']:10.3f} {row['audio_s']:10.2f} "
+        print(f"{name:34s} {row['first_audio_s']:16.3f} {row['total_s']:10.3f} {row['audio_s']:10.2f} "
               f"{row['chunks']:7.0f}")
     print(f"\ncode2wav, one 25-frame chunk: exact streaming {chunk_cost['exact'] * 1000:.1f} ms, "
           f"reference re-decode with 25 frames of left context {chunk_cost['left_context'] * 1000:.1f} ms")

@@ -67,10 +67,9 @@ async def run_request(engine: OmniEngine, request: OmniRequest) -> dict[str, Any
 @contextmanager
 def async_chunk_set_to(engine: OmniEngine, on: bool) -> Iterator[None]:
     """Requests started inside see `async_chunk` = `on` (the setting is read per request)."""
-    pipeline = engine.pipeline
-    saved = pipeline.deploy
-    pipeline.deploy = saved.model_copy(update={"async_chunk": on})
+    saved = engine.pipeline.deploy.async_chunk
+    engine.pipeline.set_async_chunk(on)
     try:
         yield
     finally:
-        pipeline.deploy = saved
+        engine.pipeline.set_async_chunk(saved)

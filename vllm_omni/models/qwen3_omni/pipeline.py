@@ -107,6 +107,11 @@ class Qwen3OmniPipeline:
                 "code2wav": Code2WavProgram(self.checkpoint, self.code2wav_mode,
                                             self.chunking.codec_left_context_frames)}
 
+    def set_async_chunk(self, on: bool) -> None:
+        """Switch the connector policy for requests started from now on (the stages are
+        the same either way)."""
+        self.deploy = self.deploy.model_copy(update={"async_chunk": on})
+
     @property
     def tokenizer(self):
         return self.checkpoint.tokenizer
