@@ -113,9 +113,11 @@ class OmniEngine:
                 except asyncio.TimeoutError:
                     self._finish(record, "error", f"no output for {STALL_TIMEOUT_S:.0f} s")
                     continue
-                yield item
                 if isinstance(item, RequestFinished):
+                    yield item
                     return
+                if record.finish_reason != "abort":  # outputs already on their way when aborted are dropped
+                    yield item
         finally:
             if not record.finished:  # the caller stopped listening: free everything
                 self._abort(request.request_id)
@@ -296,5 +298,6 @@ class OmniEngine:
             record = self._records.get(request_id)
             if record is None or record.finished:
                 return False
+            record.finish_reason = "abort"
             self._finish_locked(record, "abort")
             return True
