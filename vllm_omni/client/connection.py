@@ -1,32 +1,27 @@
 """A small async client for `/v1/realtime`: send events, collect what comes back.
 
 Every wait has a timeout; received events are kept (with their receive time in `_t`) so
-callers can check orderings and compute latencies afterwards.
+callers can check orderings and compute latencies afterwards; the send times of commits
+are kept too (`commit_times`), as the origin of a turn's latency.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import time
 from typing import Any
 
 import websockets
 
-PCM16_CHUNK_100MS = 3200  # bytes of 16 kHz mono PCM16
-
-
-def append_events(pcm: bytes, size: int = PCM16_CHUNK_100MS) -> list[dict[str, Any]]:
-    """`input_audio_buffer.append` events for 16 kHz PCM16, `size` bytes each."""
-    return [{"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i:i + size]).decode()}
-            for i in range(0, len(pcm), size)]
+from vllm_omni.client.streaming import chunk_duration_s
 
 
 class RealtimeConnection:
     def __init__(self, ws: Any):
         self.ws = ws
         self.events: list[dict[str, Any]] = []
+        self.commit_times: list[float] = []
 
     @classmethod
     async def open(cls, url: str, headers: dict[str, str] | None = None,
@@ -61,3 +56,29 @@ class RealtimeConnection:
 
     async def close(self) -> None:
         await self.ws.close()
+
+    async def stream(self, appends: list[dict[str, Any]], realtime: bool = True) -> None:
+        """Send appends back to back, or paced at the audio's own speed (`realtime`)."""
+        started = time.monotonic()
+        sent_s = 0.0
+        for event in appends:
+            await self.send(event)
+            sent_s += chunk_duration_s(event)
+            if realtime:
+                await asyncio.sleep(max(0.0, started + sent_s - time.monotonic()))
+
+    async def commit(self) -> None:
+        self.commit_times.append(time.monotonic())
+        await self.send({"type": "input_audio_buffer.commit"})
+
+    async def ack_playback(self, response_id: str, played_ms: int) -> None:
+        await self.send({"type": "playback.ack", "response_id": response_id, "item_id": f"item_{response_id}",
+                         "played_ms": played_ms, "committed_ms": played_ms})
+
+    async def close_session(self, timeout: float = 10.0) -> None:
+        """`session.close`, then wait for `session.closed` (and the server's close frame)."""
+        await self.send({"type": "session.close"})
+        try:
+            await self.until("session.closed", timeout=timeout)
+        finally:
+            await self.close()

@@ -1,0 +1,79 @@
+"""`vllm-omni bench realtime`: our server and a transformers baseline under the same load."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    bench = commands.add_parser("bench", help="benchmarks")
+    kinds = bench.add_subparsers(dest="kind", metavar="KIND", required=True)
+    realtime = kinds.add_parser("realtime", help="concurrent realtime sessions, ours against a baseline")
+    realtime.add_argument("--url", required=True, help="the server to measure (http(s)://host:port or ws(s)://…)")
+    realtime.add_argument("--sessions", default="1,4,8", help="concurrency levels, comma-separated (default 1,4,8)")
+    realtime.add_argument("--turns", type=int, default=3, help="turns per session (default 3)")
+    realtime.add_argument("--wav", required=True, help="the spoken question: 16 kHz mono 16-bit PCM WAV")
+    realtime.add_argument("--out-dir", required=True, help="where results.json and the plot go")
+    realtime.add_argument("--model", help="model name to ask for (default: the server's)")
+    realtime.add_argument("--server-vad", action="store_true", help="server-side turn detection instead of commits")
+    baseline = realtime.add_mutually_exclusive_group(required=True)
+    baseline.add_argument("--baseline-model", help="checkpoint for a transformers baseline started in this process")
+    baseline.add_argument("--baseline-url", help="a baseline server already running")
+    baseline.add_argument("--no-baseline", action="store_true", help="measure only --url")
+    realtime.add_argument("--baseline-thinker-tokens", type=int, default=64)
+    realtime.add_argument("--baseline-talker-tokens", type=int, default=256)
+    realtime.set_defaults(run=run_realtime_bench)
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--sessions: expected numbers like 1,4,8, got {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise ValueError(f"--sessions: expected positive numbers, got {text!r}")
+    return levels
+
+
+def run_realtime_bench(args: argparse.Namespace) -> int:
+    from vllm_omni.bench.realtime import format_table, run_benchmark, write_results
+    from vllm_omni.client.url import realtime_url
+    from vllm_omni.client.wav import WavError, read_pcm16
+
+    try:
+        levels = _levels(args.sessions)
+        pcm = read_pcm16(args.wav)
+        targets = {"vllm-omni": realtime_url(args.url, model=args.model)}
+        if args.baseline_url:
+            targets["baseline"] = realtime_url(args.baseline_url)
+        if args.baseline_model and not Path(args.baseline_model).is_dir():
+            raise ValueError(f"--baseline-model: no checkpoint folder at {args.baseline_model}")
+        if args.turns < 1:
+            raise ValueError(f"--turns must be at least 1, got {args.turns}")
+    except (WavError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    with ExitStack() as stack:
+        if args.baseline_model:
+            from vllm_omni.bench.baseline_server import BaselineSettings, running_baseline
+
+            settings = BaselineSettings(args.baseline_thinker_tokens, args.baseline_talker_tokens)
+            targets["baseline"] = stack.enter_context(running_baseline(args.baseline_model, settings))
+        results = run_benchmark(targets, levels, pcm, args.turns, model=args.model, server_vad=args.server_vad)
+    settings = {"targets": targets, "levels": levels, "turns": args.turns, "wav": args.wav,
+                "server_vad": args.server_vad, "paced": "real time",
+                "baseline": {"model": args.baseline_model, "thinker_max_new_tokens": args.baseline_thinker_tokens,
+                             "talker_max_new_tokens": args.baseline_talker_tokens}}
+    written = write_results(results, settings, Path(args.out_dir))
+    print(format_table(results))
+    for path in written:
+        print(f"wrote {path}")
+    failures = [f for rows in results.values() for row in rows for f in row["failures"]]
+    for failure in failures:
+        print(f"session failed: {failure}", file=sys.stderr)
+    return 0

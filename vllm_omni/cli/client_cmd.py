@@ -1,0 +1,70 @@
+"""`vllm-omni client --url URL --wav in.wav --out out.wav`: speak a WAV file to a realtime
+server, save the spoken answers, print transcripts and per-turn timing."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+EXIT_BAD_INPUT, EXIT_FAILED = 2, 1
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    client = commands.add_parser("client", help="talk to a realtime server with a WAV file")
+    client.add_argument("--url", required=True, help="server URL (http(s)://host:port or ws(s)://…/v1/realtime)")
+    client.add_argument("--wav", required=True, help="question: 16 kHz mono 16-bit PCM WAV")
+    client.add_argument("--out", required=True, help="where to write the answers' audio (WAV)")
+    client.add_argument("--turns", type=int, default=1, help="speak the question this many times (default 1)")
+    client.add_argument("--model", help="model name to ask for (default: the server's)")
+    client.add_argument("--server-vad", action="store_true", help="let the server detect the end of speech")
+    client.add_argument("--fast", action="store_true", help="send audio as fast as possible, not in real time")
+    client.add_argument("--api-key", help="bearer token, if the server requires one")
+    client.set_defaults(run=run_client)
+
+
+def format_turns(metrics: list[dict]) -> list[str]:
+    def cell(value, digits: int) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    lines = [f"{'turn':>4s} {'TTFT ms':>9s} {'TTFP ms':>9s} {'RTF':>7s} {'audio s':>8s} {'chunks':>6s}"]
+    for number, m in enumerate(metrics, 1):
+        lines.append(f"{number:4d} {cell(m['ttft_ms'], 1):>9s} {cell(m['ttfp_ms'], 1):>9s} {cell(m['rtf'], 3):>7s} "
+                     f"{m['audio_duration_ms'] / 1000:8.2f} {m['chunk_count']:6d}")
+    return lines
+
+
+def run_client(args: argparse.Namespace) -> int:
+    from vllm_omni.client.turns import run_session
+    from vllm_omni.client.url import realtime_url
+    from vllm_omni.client.wav import WavError, read_pcm16, write_pcm16
+
+    try:
+        url = realtime_url(args.url, model=args.model)
+        pcm = read_pcm16(args.wav)
+        if args.turns < 1:
+            raise ValueError(f"--turns must be at least 1, got {args.turns}")
+    except (WavError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
+    try:
+        result = asyncio.run(run_session(url, pcm, turns=args.turns, model=args.model, server_vad=args.server_vad,
+                                         realtime=not args.fast, headers=headers))
+    except Exception as exc:  # unreachable, refused handshake, closed socket, timeout: one line, no traceback
+        print(f"error: {url}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    for number, transcript in enumerate(result.transcripts, 1):
+        print(f"turn {number}: {transcript.strip()}")
+    for error in result.errors:
+        print(f"server error: {error.get('error', error)}", file=sys.stderr)
+    print()
+    print("\n".join(format_turns([t.metrics for t in result.turns])))
+    summary = result.summary
+    print(f"\nmean over {summary['audio_turn_count']} turns with audio: TTFT {summary['mean_ttft_ms']} ms, "
+          f"TTFP {summary['mean_ttfp_ms']} ms, RTF {summary['mean_rtf']}")
+    rate = next((t.response.sample_rate for t in result.turns if t.response is not None), 24000)
+    write_pcm16(args.out, result.audio, rate)
+    print(f"wrote {args.out} ({len(result.audio) / (2 * rate):.2f} s at {rate} Hz)")
+    return 0 if not result.errors and all(t.response and t.response.status == "completed" for t in result.turns) \
+        else EXIT_FAILED

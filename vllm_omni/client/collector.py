@@ -1,0 +1,61 @@
+"""What a session received, per response: audio bytes, transcript, errors, receive times."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_omni.client.timing import AUDIO_DELTA, TEXT_DELTAS
+
+
+@dataclass
+class ResponseRecord:
+    response_id: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+    audio: bytearray = field(default_factory=bytearray)
+    transcript: str = ""
+    sample_rate: int = 24000
+    status: str | None = None  # from response.done
+
+    @property
+    def audio_ms(self) -> int:
+        return len(self.audio) * 1000 // (self.sample_rate * 2)
+
+
+@dataclass
+class Collected:
+    responses: dict[str, ResponseRecord]  # in order of appearance
+    errors: list[dict[str, Any]]
+
+
+def _decode(payload: Any) -> bytes:
+    try:
+        return base64.b64decode(payload, validate=True) if isinstance(payload, str) else b""
+    except (binascii.Error, ValueError):
+        return b""
+
+
+def collect(events: Sequence[dict[str, Any]]) -> Collected:
+    """Sort received events by response id (events without one are not response events)."""
+    responses: dict[str, ResponseRecord] = {}
+    errors = [e for e in events if e.get("type") == "error"]
+    for event in events:
+        response_id = event.get("response_id") or (event.get("response") or {}).get("id")
+        if not isinstance(response_id, str):
+            continue
+        record = responses.setdefault(response_id, ResponseRecord(response_id))
+        record.events.append(event)
+        kind = event.get("type")
+        if kind == AUDIO_DELTA:
+            record.audio += _decode(event.get("delta") or event.get("audio"))
+            rate = event.get("sample_rate_hz")
+            if isinstance(rate, int) and rate > 0:
+                record.sample_rate = rate
+        elif kind in TEXT_DELTAS and isinstance(event.get("delta"), str):
+            record.transcript += event["delta"]
+        elif kind == "response.done":
+            record.status = (event.get("response") or {}).get("status")
+    return Collected(responses, errors)

@@ -1,0 +1,45 @@
+"""Microphone-like input: PCM16 cut into appends, optionally with camera frames bound to the
+native-duplex model units (realtime-protocol.md §5.5, §6.3)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any
+
+BYTES_PER_MS = 32  # 16 kHz mono PCM16
+FIRST_UNIT_MS = 1030  # the first model unit closes at 1030 ms of audio, then every 1000 ms
+UNIT_MS = 1000
+MAX_FRAMES_PER_APPEND = 2
+
+
+def unit_boundary_ms(unit: int) -> int:
+    return FIRST_UNIT_MS + UNIT_MS * unit
+
+
+def append_events(pcm: bytes, chunk_ms: int = 200,
+                  frames: Sequence[Sequence[str]] | None = None) -> list[dict[str, Any]]:
+    """`input_audio_buffer.append` events of `chunk_ms` each. `frames[k]` (at most two bare
+    base64 images) rides the append that closes unit k: the first whose cumulative end
+    reaches 1030 + 1000 k ms. Frames beyond the audio's units are not sent."""
+    if len(pcm) % 2:
+        raise ValueError("PCM16 input has an odd number of bytes")
+    size = chunk_ms * BYTES_PER_MS
+    events, unit = [], 0
+    for start in range(0, len(pcm), size):
+        chunk = pcm[start:start + size]
+        event: dict[str, Any] = {"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()}
+        end_ms = (start + len(chunk)) // BYTES_PER_MS
+        if frames is not None and unit < len(frames) and end_ms >= unit_boundary_ms(unit):
+            group = list(frames[unit])
+            if len(group) > MAX_FRAMES_PER_APPEND:
+                raise ValueError(f"frames for unit {unit}: {len(group)} given, at most {MAX_FRAMES_PER_APPEND}")
+            event["video_frames"] = group
+            unit += 1
+        events.append(event)
+    return events
+
+
+def chunk_duration_s(event: dict[str, Any]) -> float:
+    """Seconds of audio an append event carries."""
+    return len(base64.b64decode(event["audio"])) / BYTES_PER_MS / 1000

@@ -1,0 +1,109 @@
+"""Client-observed latency of realtime responses (realtime-protocol.md §8.1).
+
+All times are the client's monotonic receive times (`_t` on each received event). Values
+that are missing, negative or not finite are ignored, never fatal: a metric that cannot be
+computed is None.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+TEXT_DELTAS = ("response.output_audio_transcript.delta", "response.output_text.delta", "response.text.delta")
+AUDIO_DELTA = "response.output_audio.delta"
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def summarize(values: Iterable[Any]) -> dict[str, float | int | None]:
+    """count, mean, p50, p95 (nearest rank: the ceil(p n)-th smallest) and max, rounded to
+    0.001, after dropping negative and non-finite values."""
+    kept = sorted(v for v in (_finite(x) for x in values) if v is not None and v >= 0)
+    if not kept:
+        return {"count": 0, "mean": None, "p50": None, "p95": None, "max": None}
+
+    def rank(p: float) -> float:
+        return kept[max(0, math.ceil(p * len(kept)) - 1)]
+
+    return {"count": len(kept), "mean": round(sum(kept) / len(kept), 3), "p50": round(rank(0.5), 3),
+            "p95": round(rank(0.95), 3), "max": round(kept[-1], 3)}
+
+
+def _audio_bytes(event: dict[str, Any]) -> int:
+    payload = event.get("delta") or event.get("audio") or ""
+    try:
+        return len(base64.b64decode(payload, validate=True)) if isinstance(payload, str) else 0
+    except (binascii.Error, ValueError):
+        return 0
+
+
+def _audio_duration_ms(audio: Sequence[dict[str, Any]]) -> float:
+    """Max of the deltas' cumulative `metadata.audio_duration_ms`; else from the bytes."""
+    marks = [_finite((e.get("metadata") or {}).get("audio_duration_ms")) for e in audio]
+    marks = [m for m in marks if m is not None and m >= 0]
+    if marks:
+        return max(marks)
+    total_ms = 0.0
+    for event in audio:
+        rate = _finite(event.get("sample_rate_hz")) or 24000.0
+        total_ms += _audio_bytes(event) * 1000 / (rate * 2)
+    return total_ms
+
+
+def _chunk_durations(audio: Sequence[dict[str, Any]]) -> list[float]:
+    """Differences of consecutive cumulative durations; a decrease restarts from the new value."""
+    durations, previous = [], 0.0
+    for event in audio:
+        mark = _finite((event.get("metadata") or {}).get("audio_duration_ms"))
+        if mark is None:
+            continue
+        durations.append(mark - previous if mark >= previous else mark)
+        previous = mark
+    return durations
+
+
+def response_metrics(events: Sequence[dict[str, Any]], t0: float | None) -> dict[str, Any]:
+    """Metrics of one response from its received events. `t0`: the commit's send time, or
+    None to use the receive time of `response.created`."""
+    if t0 is None:
+        t0 = next((e["_t"] for e in events if e.get("type") == "response.created" and _finite(e.get("_t"))), None)
+    audio = [e for e in events if e.get("type") == AUDIO_DELTA and _audio_bytes(e) and _finite(e.get("_t"))]
+    text = [e for e in events if e.get("type") in TEXT_DELTAS and e.get("delta") and _finite(e.get("_t"))]
+    times = [e["_t"] for e in audio]
+    duration_ms = _audio_duration_ms(audio)
+
+    def since_t0(t: float | None) -> float | None:
+        return None if t is None or t0 is None else max(0.0, (t - t0) * 1000)
+
+    generation_ms = since_t0(times[-1] if times else None)
+    gaps = [(b - a) * 1000 for a, b in zip(times, times[1:], strict=False)]
+    return {
+        "ttft_ms": since_t0(text[0]["_t"] if text else None),
+        "ttfp_ms": since_t0(times[0] if times else None),
+        "audio_duration_ms": duration_ms,
+        "rtf": generation_ms / duration_ms if generation_ms is not None and duration_ms > 0 else None,
+        "chunk_count": len(audio),
+        "inter_chunk_interval_ms": summarize(gaps),
+        "max_chunk_gap_ms": max(gaps) if gaps else None,
+        "chunk_duration_ms": summarize(_chunk_durations(audio)),
+    }
+
+
+def session_summary(turns: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Means over the turns that produced audio."""
+    with_audio = [t for t in turns if t.get("chunk_count")]
+
+    def mean(key: str, digits: int) -> float | None:
+        values = [v for v in (_finite(t.get(key)) for t in with_audio) if v is not None]
+        return round(sum(values) / len(values), digits) if values else None
+
+    return {"audio_turn_count": len(with_audio), "mean_ttft_ms": mean("ttft_ms", 3),
+            "mean_ttfp_ms": mean("ttfp_ms", 3), "mean_rtf": mean("rtf", 6)}

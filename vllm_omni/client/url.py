@@ -1,0 +1,37 @@
+"""The realtime endpoint's URL from whatever base a user types."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+SCHEMES = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}
+REALTIME_PATH = "/v1/realtime"
+
+
+def _flag(value: bool) -> str:
+    return "1" if value else "0"
+
+
+def realtime_url(base: str, *, model: str | None = None, duplex: bool | None = None,
+                 native_duplex: bool | None = None, autostart: bool | None = None,
+                 session_id: str | None = None) -> str:
+    """`http(s)://host:port[/path]` or `ws(s)://…` → the `ws(s)://…/v1/realtime?…` URL.
+
+    A base without a path gets `/v1/realtime`; query parameters that are None are left out
+    (`native_duplex` and `session_id` are obsolete on the server, which ignores them, but old
+    clients send them)."""
+    parts = urlsplit(base.strip())
+    if parts.scheme not in SCHEMES:
+        raise ValueError(f"unsupported URL scheme {parts.scheme or '(none)'!r} in {base!r}: "
+                         "use http, https, ws or wss")
+    if not parts.netloc:
+        raise ValueError(f"no host in {base!r}")
+    path = parts.path if parts.path not in ("", "/") else REALTIME_PATH
+    query = {key: value for key, value in (
+        ("model", model),
+        ("duplex", None if duplex is None else _flag(duplex)),
+        ("native_duplex", None if native_duplex is None else _flag(native_duplex)),
+        ("autostart", None if autostart is None else _flag(autostart)),
+        ("session_id", session_id)) if value is not None}
+    existing = parts.query + ("&" if parts.query and query else "")
+    return urlunsplit((SCHEMES[parts.scheme], parts.netloc, path, existing + urlencode(query), ""))

@@ -1,0 +1,62 @@
+"""WAV files for the client: 16 kHz mono 16-bit PCM in, any rate of 16-bit PCM out.
+
+Invalid input raises `WavError` with a one-line message naming the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import wave
+from pathlib import Path
+
+INPUT_RATE = 16000
+
+
+class WavError(ValueError):
+    pass
+
+
+def _open(path: Path) -> wave.Wave_read:
+    if not path.is_file():
+        raise WavError(f"{path}: no such file")
+    try:
+        return wave.open(str(path), "rb")
+    except wave.Error as exc:  # compressed formats, other containers, truncated headers
+        raise WavError(f"{path}: not an uncompressed PCM WAV file ({exc})") from None
+    except EOFError:
+        raise WavError(f"{path}: truncated WAV file") from None
+
+
+def read_pcm16(path: str | Path) -> bytes:
+    """The samples of a 16 kHz mono 16-bit PCM WAV file, as little-endian bytes."""
+    path = Path(path)
+    with _open(path) as wav:
+        problems = []
+        if wav.getnchannels() != 1:
+            problems.append(f"{wav.getnchannels()} channels (need mono)")
+        if wav.getsampwidth() != 2:
+            problems.append(f"{8 * wav.getsampwidth()}-bit samples (need 16-bit)")
+        if wav.getframerate() != INPUT_RATE:
+            problems.append(f"{wav.getframerate()} Hz (need {INPUT_RATE} Hz)")
+        if problems:
+            raise WavError(f"{path}: {', '.join(problems)}")
+        frames = wav.readframes(wav.getnframes())
+    if not frames:
+        raise WavError(f"{path}: no audio samples")
+    return frames
+
+
+def write_pcm16(target: str | Path | io.BytesIO, pcm: bytes, sample_rate: int) -> None:
+    with wave.open(target if isinstance(target, io.BytesIO) else str(target), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(sample_rate)
+        wav.writeframes(pcm)
+
+
+def wav_data_url(path: str | Path) -> str:
+    """A 16 kHz mono PCM16 WAV file as a `data:audio/wav;base64,` URL (e.g. `ref_audio`)."""
+    buffer = io.BytesIO()
+    write_pcm16(buffer, read_pcm16(path), INPUT_RATE)
+    return "data:audio/wav;base64," + base64.b64encode(buffer.getvalue()).decode()
