@@ -86,3 +86,22 @@ def test_duplex_query_is_refused_in_turn_mode(guarded) -> None:
         assert conn.ws.close_code == 1008
 
     asyncio.run(scenario())
+
+
+def test_a_closed_session_frees_its_slot_before_session_closed(tiny_loaded) -> None:
+    """With one slot: close a session, and open the next as soon as `session.closed` arrives."""
+    async def scenario(url: str):
+        for _ in range(3):
+            conn = await RealtimeConnection.open(url + "/v1/realtime")
+            assert (await conn.next())["type"] == "session.created"
+            await conn.send({"type": "session.close"})
+            await conn.until("session.closed")
+        refused_while_open = await RealtimeConnection.open(url + "/v1/realtime")
+        await refused_while_open.next()
+        second = await RealtimeConnection.open(url + "/v1/realtime")
+        event = await second.next()
+        assert event["type"] == "error" and event["error"]["code"] == "resource_exhausted"
+        await refused_while_open.close()
+
+    with running_server(tiny_loaded, {}, max_sessions=1) as (url, _, _):
+        asyncio.run(scenario(url))

@@ -120,6 +120,7 @@ class RealtimeConnection:
         self.session: TurnSession | LegacySession | None = None  # the lane's session, once chosen
         self.turn: TurnSession | None = None
         self._early_appends: list[dict[str, Any]] = []
+        self._holds_slot = False  # counted in `sessions`
 
     async def serve(self) -> None:
         ws = self.websocket
@@ -146,6 +147,7 @@ class RealtimeConnection:
             await ws.close(1013, "resource_exhausted")
             return
         self._sessions[0] += 1
+        self._holds_slot = True
         metrics.ACTIVE_SESSIONS.inc()
         metrics.SESSIONS_TOTAL.inc()
         self.outbox = _Outbox(ws)
@@ -163,16 +165,25 @@ class RealtimeConnection:
             if ws.client_state == WebSocketState.CONNECTED:
                 with contextlib.suppress(RuntimeError):
                     await ws.close(1000)
+            self._release_slot()
+
+    def _release_slot(self) -> None:
+        """Free this connection's session slot (once)."""
+        if self._holds_slot:
+            self._holds_slot = False
             self._sessions[0] -= 1
             metrics.ACTIVE_SESSIONS.dec()
 
     async def _end(self, reason: str) -> None:
-        """Terminal: session.closed, flush, close 1000 (GA lane); plain close on the legacy lane."""
-        if self.lane != "legacy":
-            self.outbox.put(event("session.closed", session_id=self.turn.config.id, reason=reason, event={}))
+        """Terminal: session.closed, flush, close 1000 (GA lane); plain close on the legacy lane.
+        The session's work is cancelled and its slot freed before `session.closed` goes out,
+        so a client may open its next session at once."""
         if self.session is not None:
             await self.session.close()
             self.session = None
+        self._release_slot()
+        if self.lane != "legacy":
+            self.outbox.put(event("session.closed", session_id=self.turn.config.id, reason=reason, event={}))
         await self.outbox.flush_and_stop()
         await self.websocket.close(1000, reason)
 
