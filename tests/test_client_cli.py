@@ -81,3 +81,22 @@ def test_bench_measures_server_and_baseline(server_url: str, tiny_checkpoint: Pa
             assert row["ttfp_ms"]["count"] == row["turns"] and row["rtf"]["p50"] > 0
     assert (out_dir / "ttfp_rtf_vs_sessions.png").stat().st_size > 10_000
     assert "baseline" in printed and "vllm-omni" in printed
+
+
+def test_events_are_stamped_when_they_arrive_not_when_read(server_url: str) -> None:
+    """While a client streams audio it does not read; latencies must still count from arrival."""
+    import asyncio
+    import time
+
+    from vllm_omni.client.connection import RealtimeConnection
+    from vllm_omni.client.url import realtime_url
+
+    async def scenario():
+        conn = await RealtimeConnection.open(realtime_url(server_url))
+        await asyncio.sleep(0.5)  # session.created arrives meanwhile
+        read_at = time.monotonic()
+        created = await conn.next()
+        assert created["type"] == "session.created" and created["_t"] < read_at - 0.3
+        await conn.close_session()
+
+    asyncio.run(scenario())

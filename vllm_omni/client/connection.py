@@ -18,10 +18,28 @@ from vllm_omni.client.streaming import chunk_duration_s
 
 
 class RealtimeConnection:
+    """Must be created inside a running event loop: a reader task takes every server event
+    off the socket as it arrives and stamps its receive time, even while the caller is busy
+    streaming audio."""
+
     def __init__(self, ws: Any):
         self.ws = ws
         self.events: list[dict[str, Any]] = []
         self.commit_times: list[float] = []
+        self._inbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._closed: websockets.exceptions.ConnectionClosed | None = None
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                event = json.loads(await self.ws.recv())
+                event["_t"] = time.monotonic()
+                self._inbox.put_nowait(event)
+        except websockets.exceptions.ConnectionClosed as closed:
+            self._closed = closed
+        finally:
+            self._inbox.put_nowait(None)  # end of stream
 
     @classmethod
     async def open(cls, url: str, headers: dict[str, str] | None = None,
@@ -39,8 +57,11 @@ class RealtimeConnection:
                 await asyncio.sleep(delay)
 
     async def next(self, timeout: float = 60.0) -> dict[str, Any]:
-        event = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
-        event["_t"] = time.monotonic()
+        """The next server event; raises the socket's ConnectionClosed once it has ended."""
+        event = await asyncio.wait_for(self._inbox.get(), timeout)
+        if event is None:
+            self._inbox.put_nowait(None)  # stays ended for later calls
+            raise self._closed or websockets.exceptions.ConnectionClosedError(None, None)
         self.events.append(event)
         return event
 
@@ -56,6 +77,8 @@ class RealtimeConnection:
 
     async def close(self) -> None:
         await self.ws.close()
+        self._reader.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
 
     async def stream(self, appends: list[dict[str, Any]], realtime: bool = True) -> None:
         """Send appends back to back, or paced at the audio's own speed (`realtime`)."""
