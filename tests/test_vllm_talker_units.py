@@ -1,13 +1,15 @@
-"""Units of the talker-on-vLLM plumbing: the text feed, request-id mapping, the scheduler's
-text gate (over a stand-in scheduler), and device pinning. The whole path runs on real
-engines in test_vllm_backend.py."""
+"""Units of the vLLM-stage plumbing: the text feed, request-id mapping, the scheduler's
+text gate (over a stand-in scheduler), device pinning, tensors in RPC replies. The whole
+path runs on real engines in test_vllm_backend.py."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import pytest
+import torch
 
+from vllm_omni.models.qwen3_omni.tensor_wire import tensor_from_wire, tensor_to_wire
 from vllm_omni.models.qwen3_omni.vllm_engine import visible_device_ids
 from vllm_omni.models.qwen3_omni.vllm_talker_feed import TEXT_FEED, TextFeed, external_request_id
 from vllm_omni.models.qwen3_omni.vllm_talker_gate import _TextGateMixin
@@ -88,3 +90,11 @@ def test_stage_devices_are_numbered_as_this_process_sees_them() -> None:
     assert visible_device_ids([0, 1], "4,5,6") == "4,5"
     with pytest.raises(ValueError, match="not visible"):
         visible_device_ids([3], "4,5")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tensors_cross_rpc_replies_as_bytes(dtype: torch.dtype) -> None:
+    tensor = torch.randn(5, 2, 7).to(dtype)[:, :, 1:]  # a non-contiguous view
+    wire = tensor_to_wire(tensor)
+    assert isinstance(wire["data"], bytes)
+    assert torch.equal(tensor_from_wire(wire), tensor)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from vllm_omni.models.qwen3_omni.tensor_wire import tensor_to_wire
 from vllm_omni.models.qwen3_omni.vllm_workers import RunnerExtensionWorkerMixin
 
 
@@ -51,14 +52,13 @@ class _CaptureRunnerMixin:
                 offset += count
         return result
 
-    def omni_take_hidden_rows(self, request_prefix: str) -> list[list[list[float]]] | None:
+    def omni_take_hidden_rows(self, request_prefix: str) -> dict[str, Any] | None:
         """Rows captured so far for the request whose internal id starts with `request_prefix`,
-        as nested lists [positions][2][hidden] (layer 0, accept layer); forgets them."""
+        [positions, 2 (layer 0, accept layer), hidden] in wire form (tensor_wire.py); forgets them."""
         key = next((k for k in self._omni_rows if k == request_prefix or k.startswith(request_prefix + "-")), None)
         if key is None:
             return None
-        rows = torch.cat(self._omni_rows.pop(key), dim=0)
-        return rows.tolist()
+        return tensor_to_wire(torch.cat(self._omni_rows.pop(key), dim=0))
 
     def omni_forget(self, request_prefix: str) -> None:
         for key in [k for k in self._omni_rows if k == request_prefix or k.startswith(request_prefix + "-")]:

@@ -17,6 +17,7 @@ import torch
 from vllm_omni.config import StageConfig
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
 from vllm_omni.models.qwen3_omni.stages import ThinkerJob, ThinkerPrefilled
+from vllm_omni.models.qwen3_omni.tensor_wire import tensor_from_wire
 from vllm_omni.models.qwen3_omni.thinker_torch import ThinkerPrefill
 from vllm_omni.models.qwen3_omni.vllm_engine import VllmEngineDriver, cpu_platform, engine_kwargs, vllm_sampling
 from vllm_omni.models.qwen3_omni.vllm_workers import worker_class_path
@@ -65,8 +66,10 @@ class VllmThinkerDriver(VllmEngineDriver):
         return TokensPrompt(prompt_token_ids=ids, multi_modal_data={"audio": audio})
 
     async def _prompt_rows(self, request_id: str, first_token: int, length: int) -> ThinkerPrefill:
-        rows = await self.engine.collective_rpc("omni_take_hidden_rows", args=(request_id,))
-        captured = torch.tensor(rows[0], dtype=self.checkpoint.talker.dtype)[:length]
+        rows = (await self.engine.collective_rpc("omni_take_hidden_rows", args=(request_id,)))[0]
+        if rows is None:
+            raise RuntimeError(f"no thinker rows were captured for request {request_id}")
+        captured = tensor_from_wire(rows).to(self.checkpoint.talker.dtype)[:length]
         if captured.shape[0] != length:
             raise RuntimeError(f"captured {captured.shape[0]} thinker rows for a {length}-token prompt")
         return ThinkerPrefill(first_token=first_token, embeddings=captured[:, 0], accept_hidden=captured[:, 1])

@@ -1,0 +1,22 @@
+"""Tensors through vLLM's `collective_rpc` replies: raw bytes plus dtype and shape.
+
+Replies travel msgpack-encoded without pickle; bytes are its cheapest payload (a prompt's
+hidden rows of the 30B model are ~16 MB, which as nested Python lists would cost about a
+second to build and encode)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def tensor_to_wire(tensor: torch.Tensor) -> dict[str, Any]:
+    flat = tensor.detach().to("cpu").contiguous()
+    return {"dtype": str(flat.dtype).removeprefix("torch."), "shape": list(flat.shape),
+            "data": flat.view(-1).view(torch.uint8).numpy().tobytes()}
+
+
+def tensor_from_wire(wire: dict[str, Any]) -> torch.Tensor:
+    raw = torch.frombuffer(bytearray(wire["data"]), dtype=torch.uint8)
+    return raw.view(getattr(torch, wire["dtype"])).reshape(wire["shape"])
