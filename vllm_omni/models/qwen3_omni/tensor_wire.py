@@ -1,8 +1,8 @@
 """Tensors through vLLM's `collective_rpc` replies: raw bytes plus dtype and shape.
 
-Replies travel msgpack-encoded without pickle; bytes are its cheapest payload (a prompt's
-hidden rows of the 30B model are ~16 MB, which as nested Python lists would cost about a
-second to build and encode)."""
+Replies travel msgpack-encoded without pickle; bytes are its cheapest payload. Measured
+for a 1000-token prompt's hidden rows at the 30B model's width (2 x 2048, bf16): 2 ms to
+encode and decode as bytes, 626 ms as nested Python lists."""
 
 from __future__ import annotations
 
