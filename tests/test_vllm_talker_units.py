@@ -98,3 +98,40 @@ def test_tensors_cross_rpc_replies_as_bytes(dtype: torch.dtype) -> None:
     wire = tensor_to_wire(tensor)
     assert isinstance(wire["data"], bytes)
     assert torch.equal(tensor_from_wire(wire), tensor)
+
+
+class StandInEngine:
+    """Answers `omni_take_frames` after a short delay and records each call's request ids."""
+
+    def __init__(self, fail: bool = False):
+        self.calls: list[list[str]] = []
+        self.fail = fail
+
+    async def collective_rpc(self, method: str, args: tuple) -> list[dict]:
+        import asyncio
+
+        self.calls.append(list(args[0]))
+        await asyncio.sleep(0.05)
+        if self.fail:
+            raise RuntimeError("engine dead")
+        return [{rid: [[len(self.calls)] * 16] for rid in args[0]}]
+
+
+def test_frame_pump_serves_waiting_requests_with_one_call() -> None:
+    import asyncio
+
+    from vllm_omni.models.qwen3_omni.vllm_talker import FramePump
+
+    async def scenario():
+        engine = StandInEngine()
+        pump = FramePump(engine)
+        first = asyncio.create_task(pump.take("a"))
+        await asyncio.sleep(0.01)  # "a" is in flight; b and c wait for the next call together
+        rest = await asyncio.gather(pump.take("b"), pump.take("c"))
+        assert await first == [[1] * 16] and rest == [[[2] * 16], [[2] * 16]]
+        assert engine.calls == [["a"], ["b", "c"]]
+        failing = FramePump(StandInEngine(fail=True))
+        with pytest.raises(RuntimeError, match="engine dead"):
+            await failing.take("a")
+
+    asyncio.run(scenario())

@@ -6,7 +6,8 @@ arrives later (`feed`) and is pushed, in order, into the engine's `TextFeed` by 
 pusher task per request; the engine's scheduler holds a decode step until its text row
 exists. Each engine output carries new codebook-0 ids; the frames they complete (codes
 1..15 from the code predictor, run inside the next talker step) are taken with
-`collective_rpc("omni_take_frames")` and emitted as `CodecFrame`s. The last sampled id
+`collective_rpc("omni_take_frames")` (one call for all requests waiting, `FramePump`)
+and emitted as `CodecFrame`s. The last sampled id
 (EOS or the one reaching max_tokens) gets no frame, as in the reference.
 """
 
@@ -29,12 +30,45 @@ GATE = "vllm_omni.models.qwen3_omni.vllm_talker_gate.{}"
 _FINISHED = object()  # end marker in a request's text queue
 
 
+class FramePump:
+    """Takes finished frames for many requests with one `collective_rpc`: requests asking
+    while a call is in flight are served together by the next one (each RPC is handled by
+    the engine loop between steps, so one per request per step would add up)."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self._waiting: dict[str, asyncio.Future] = {}
+        self._task: asyncio.Task | None = None
+
+    async def take(self, request_id: str) -> list[list[int]]:
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = future
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._pump())
+        return await future
+
+    async def _pump(self) -> None:
+        while self._waiting:
+            batch, self._waiting = self._waiting, {}
+            try:
+                replies = (await self.engine.collective_rpc("omni_take_frames", args=(list(batch),)))[0]
+            except Exception as exc:  # e.g. a dead engine: every waiting request fails with it
+                for future in batch.values():
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for request_id, future in batch.items():
+                if not future.done():  # a cancelled request's frames are forgotten with it
+                    future.set_result(replies.get(request_id, []))
+
+
 class VllmTalkerDriver(VllmEngineDriver):
     def __init__(self, checkpoint: Qwen3OmniCheckpoint, stage: StageConfig):
         super().__init__(str(checkpoint.path), stage)
         self.bridge = ThinkerToTalkerBridge(checkpoint)
         self.eos_token_id = checkpoint.config.talker_config.codec_eos_token_id
         self._text_queues: dict[str, asyncio.Queue] = {}
+        self._frame_pump: FramePump | None = None
 
     def engine_kwargs(self) -> dict[str, Any]:
         if self.stage.engine_args.enforce_eager is False:
@@ -84,8 +118,9 @@ class VllmTalkerDriver(VllmEngineDriver):
             await self.engine.collective_rpc("omni_push_text", args=(request_id, token_ids, finished))
 
     async def _take_frames(self, request_id: str) -> list[list[int]]:
-        replies = await self.engine.collective_rpc("omni_take_frames", args=([request_id],))
-        return replies[0].get(request_id, [])
+        if self._frame_pump is None:
+            self._frame_pump = FramePump(self.engine)
+        return await self._frame_pump.take(request_id)
 
     async def run(self, request_id: str, message: object, emit: Emit) -> None:
         if not isinstance(message, TalkerJob):
