@@ -125,18 +125,16 @@ class VllmTalkerDriver(VllmEngineDriver):
     async def run(self, request_id: str, message: object, emit: Emit) -> None:
         if not isinstance(message, TalkerJob):
             raise TypeError(f"talker cannot start with {type(message).__name__}")
-        job = message
-        queue = self._text_queue(request_id)
-        embeds = self.bridge.prompt_embeddings(job.input_ids, job.prefill, job.speaker)[0]
-        params = job.sampling
+        job, params = message, message.sampling
         sampling = vllm_sampling(
             params, [] if params.ignore_eos else [self.eos_token_id],
             repetition_penalty=1.0, ignore_eos=False,  # both applied by the model (vllm_talker_model.py)
             extra_args={REPETITION_PENALTY_KEY: params.repetition_penalty, IGNORE_EOS_KEY: params.ignore_eos})
-        pusher = asyncio.create_task(self._push_text(request_id, queue))
+        pusher = asyncio.create_task(self._push_text(request_id, self._text_queue(request_id)))
         codes0: list[int] = []
         frames = 0
         try:
+            embeds = self.bridge.prompt_embeddings(job.input_ids, job.prefill, job.speaker)[0]
             async for output in self.engine.generate({"prompt_embeds": embeds.contiguous()}, sampling, request_id):
                 codes0 += output.outputs[0].token_ids
                 if pusher.done():

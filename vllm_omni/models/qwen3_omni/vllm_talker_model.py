@@ -248,10 +248,10 @@ class Qwen3OmniTalkerForVllm(nn.Module):
         new_rows: list[tuple[int, str, int, int]] = []  # (batch row, request, decode step, codebook-0 id)
         for planned in plan.requests:
             state = self.requests[planned.request_id]
-            for row in range(planned.start, planned.start + planned.count):
-                step = int(plan.positions[row]) - planned.prompt_length
-                if step < 0:
-                    continue
+            # A request's rows have consecutive positions: skip its prompt rows without a loop.
+            first_step = int(plan.positions[planned.start]) - planned.prompt_length
+            for row in range(planned.start + max(0, -first_step), planned.start + planned.count):
+                step = first_step + row - planned.start
                 if step < len(state.decode_inputs):  # recomputed after preemption: same input as before
                     hidden[row] = state.decode_inputs[step]
                 else:
