@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_omni.client.timing import AUDIO_DELTA, TEXT_DELTAS
+from vllm_omni.client.timing import AUDIO_DELTA, TEXT_DELTAS, audio_payload
 
 
 @dataclass
@@ -31,13 +29,6 @@ class Collected:
     errors: list[dict[str, Any]]
 
 
-def _decode(payload: Any) -> bytes:
-    try:
-        return base64.b64decode(payload, validate=True) if isinstance(payload, str) else b""
-    except (binascii.Error, ValueError):
-        return b""
-
-
 def collect(events: Sequence[dict[str, Any]]) -> Collected:
     """Sort received events by response id (events without one are not response events)."""
     responses: dict[str, ResponseRecord] = {}
@@ -50,7 +41,7 @@ def collect(events: Sequence[dict[str, Any]]) -> Collected:
         record.events.append(event)
         kind = event.get("type")
         if kind == AUDIO_DELTA:
-            record.audio += _decode(event.get("delta") or event.get("audio"))
+            record.audio += audio_payload(event)
             rate = event.get("sample_rate_hz")
             if isinstance(rate, int) and rate > 0:
                 record.sample_rate = rate

@@ -37,12 +37,17 @@ def summarize(values: Iterable[Any]) -> dict[str, float | int | None]:
             "p95": round(rank(0.95), 3), "max": round(kept[-1], 3)}
 
 
-def _audio_bytes(event: dict[str, Any]) -> int:
-    payload = event.get("delta") or event.get("audio") or ""
+def audio_payload(event: dict[str, Any]) -> bytes:
+    """An audio delta's decoded bytes (`delta`, or its alias `audio`); empty when absent or invalid."""
+    payload = event.get("delta") or event.get("audio")
     try:
-        return len(base64.b64decode(payload, validate=True)) if isinstance(payload, str) else 0
+        return base64.b64decode(payload, validate=True) if isinstance(payload, str) else b""
     except (binascii.Error, ValueError):
-        return 0
+        return b""
+
+
+def _audio_bytes(event: dict[str, Any]) -> int:
+    return len(audio_payload(event))
 
 
 def _audio_duration_ms(audio: Sequence[dict[str, Any]]) -> float:
