@@ -71,6 +71,7 @@ class TalkerStepPlan:
 
 @dataclass
 class TalkerRequestState:
+    sampling: SamplingParams
     residual_sampler: TokenSampler
     last_hidden: torch.Tensor | None = None  # [D] output at the request's last scheduled position
     decode_inputs: list[torch.Tensor] = field(default_factory=list)  # per decode step (kept for recompute)
@@ -217,9 +218,10 @@ class Qwen3OmniTalkerForVllm(nn.Module):
 
     # Per-request state, driven by the worker ----------------------------------------------
 
-    def begin_request(self, request_id: str, sampling: SamplingParams) -> None:
-        if request_id not in self.requests:
-            self.requests[request_id] = TalkerRequestState(TokenSampler(code_predictor_sampling(sampling)))
+    def begin_request(self, request_id: str, sampling: SamplingParams) -> TalkerRequestState:
+        state = TalkerRequestState(sampling, TokenSampler(code_predictor_sampling(sampling)))
+        self.requests[request_id] = state
+        return state
 
     def take_frames(self, request_id: str) -> list[list[int]]:
         state = self.requests.get(request_id)

@@ -58,9 +58,9 @@ class _TalkerRunnerMixin:
             count = scheduled.num_scheduled_tokens.get(req_id, 0)
             if count:
                 request = self.requests[req_id]
-                sampling = planned_sampling(request.sampling_params)
-                model.begin_request(req_id, sampling)
-                planned.append(PlannedRequest(req_id, start, count, request.num_prompt_tokens, sampling))
+                state = model.requests.get(req_id) or model.begin_request(
+                    req_id, planned_sampling(request.sampling_params))  # once per request, not per step
+                planned.append(PlannedRequest(req_id, start, count, request.num_prompt_tokens, state.sampling))
             start += count
         flat_positions = positions[0] if positions.ndim == 2 else positions
         return TalkerStepPlan(planned, token_ids=self.input_ids.gpu[:total].cpu(),
