@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+import pytest
 
 from vllm_omni.config import get_deploy_config_path, load_deploy_config
-from vllm_omni.engine import AudioChunk, OmniEngine, OmniRequest, RequestFinished, TextDelta
+from vllm_omni.engine import AudioChunk, Message, OmniEngine, OmniRequest, RequestError, RequestFinished, TextDelta
 from vllm_omni.models.qwen3_omni.pipeline import Qwen3OmniPipeline
 from vllm_omni.models.qwen3_omni.stages import CodecFrame
 
@@ -20,6 +23,11 @@ class RecordingPipeline(Qwen3OmniPipeline):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.frames: dict[str, list[tuple[int, ...]]] = {}
+        self.last_render: tuple[list[dict[str, Any]], int] | None = None  # (messages, audio items)
+
+    def render(self, messages, audio_features):
+        self.last_render = (list(messages), len(audio_features))
+        return super().render(messages, audio_features)
 
     def route(self, state, role, event):
         if isinstance(event, CodecFrame):
@@ -32,7 +40,8 @@ class RecordingPipeline(Qwen3OmniPipeline):
 
 def make_engine(checkpoint, *, async_chunk: bool = True, first: int = 4, later: int = 25,
                 code2wav_mode: str = "exact", max_num_seqs: int | None = None,
-                thinker_backend: str = "torch", talker_backend: str = "torch") -> OmniEngine:
+                thinker_backend: str = "torch", talker_backend: str = "torch",
+                restart_on_failure: bool = False, audio_limit: int | None = None) -> OmniEngine:
     on_vllm = "vllm" in (thinker_backend, talker_backend)  # then with the served config's engine arguments
     config = "qwen3_omni_tiny_cpu" if on_vllm else "qwen3_omni_tiny_cpu_torch"
     deploy = load_deploy_config(get_deploy_config_path(config), platform="cpu")
@@ -40,8 +49,12 @@ def make_engine(checkpoint, *, async_chunk: bool = True, first: int = 4, later: 
     connectors = [c.model_copy(update={"extra": c.extra.model_copy(update=chunking)}) if c.extra else c
                   for c in deploy.connectors]
     backends = {"thinker": thinker_backend, "talker": talker_backend}
-    stages = [s.model_copy(update={"backend": backends[s.role]}) if s.role in backends else s
-              for s in deploy.stages]
+    stages = [s.model_copy(update={"backend": backends[s.role], "restart_on_failure": restart_on_failure})
+              if s.role in backends else s for s in deploy.stages]
+    if audio_limit is not None:
+        stages = [s.model_copy(update={"engine_args": s.engine_args.model_copy(update={"limit_mm_per_prompt": {
+            **s.engine_args.limit_mm_per_prompt, "audio": audio_limit}})}) if s.role == "thinker" else s
+            for s in stages]
     if max_num_seqs is not None:
         stages = [s.model_copy(update={"engine_args": s.engine_args.model_copy(
             update={"max_num_seqs": max_num_seqs})}) for s in stages]
@@ -73,3 +86,75 @@ def async_chunk_set_to(engine: OmniEngine, on: bool) -> Iterator[None]:
         yield
     finally:
         engine.pipeline.set_async_chunk(saved)
+
+
+async def wait_until_idle(engine: OmniEngine, timeout_s: float = 1.0) -> None:
+    """Returns once no request is open and no stage holds one; fails after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while engine.num_active_requests() or any(engine.active_requests_by_stage().values()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still active after {timeout_s} s: {engine.num_active_requests()} requests, "
+                                 f"by stage {engine.active_requests_by_stage()}")
+        await asyncio.sleep(0.01)
+
+
+def long_request(thinker: int = 40, talker: int = 200) -> OmniRequest:
+    return OmniRequest([Message("user", text="A long story, please.")],
+                       sampling={"thinker": {"max_tokens": thinker}, "talker": {"max_tokens": talker}})
+
+
+async def _abort_before_first_output(engine: OmniEngine) -> None:
+    request = long_request()
+    stream = engine.generate(request)
+    first = asyncio.ensure_future(stream.__anext__())
+    await asyncio.sleep(0)  # admitted and submitted to the thinker, nothing produced yet
+    assert await engine.abort(request.request_id)
+    final = await first
+    assert isinstance(final, RequestFinished) and final.finish_reason == "abort"
+
+
+async def _abort_mid_audio(engine: OmniEngine) -> None:
+    request = long_request()
+    outputs = []
+    async for output in engine.generate(request):
+        outputs.append(output)
+        if isinstance(output, AudioChunk):
+            assert await engine.abort(request.request_id)
+    assert isinstance(outputs[-1], RequestFinished) and outputs[-1].finish_reason == "abort"
+
+
+async def _close_after_first_text(engine: OmniEngine) -> None:
+    stream = engine.generate(long_request())
+    async for output in stream:
+        if isinstance(output, TextDelta):
+            break
+    await stream.aclose()
+
+
+async def _disconnect_before_first_output(engine: OmniEngine) -> None:
+    async def listen() -> None:
+        async for _ in engine.generate(long_request()):
+            pass
+
+    listener = asyncio.create_task(listen())
+    await asyncio.sleep(0)  # admitted
+    listener.cancel()
+    await asyncio.gather(listener, return_exceptions=True)
+
+
+async def _bad_request(engine: OmniEngine) -> None:
+    with pytest.raises(RequestError):
+        async for _ in engine.generate(OmniRequest([Message("user", text="hi")], speaker="nobody")):
+            pass
+
+
+ENDINGS = (_abort_before_first_output, _abort_mid_audio, _close_after_first_text,
+           _disconnect_before_first_output, _bad_request)
+
+
+async def end_requests_every_way(engine: OmniEngine, rounds: int) -> None:
+    """Rounds of requests ended every way a client can end them, all at once; after each
+    round every stage's count must be back to 0 within 1 s."""
+    for _ in range(rounds):
+        await asyncio.gather(*(ending(engine) for ending in ENDINGS))
+        await wait_until_idle(engine, 1.0)

@@ -27,7 +27,7 @@ def test_config_show_prints_merged_duplex_config(capsys: pytest.CaptureFixture[s
     shown = yaml.safe_load(capsys.readouterr().out)
     assert shown["session_mode"] == "duplex"
     thinker = shown["stages"][0]
-    assert thinker["engine_args"]["limit_mm_per_prompt"] == {"audio": 4, "image": 8, "video": 0}
+    assert thinker["engine_args"]["limit_mm_per_prompt"] == {"audio": 16, "image": 8, "video": 0}
     assert thinker["engine_args"]["max_num_seqs"] == 32  # the cuda override
     assert shown["stages"][1]["default_sampling_params"]["top_k"] == 50  # from the base file
 

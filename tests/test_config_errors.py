@@ -49,6 +49,8 @@ def test_wrong_type_names_file_and_key_path(tmp_path: Path) -> None:
     ({"stages": [stage(0)], "connectors": [{"name": "a", "from_stage": 0, "to_stage": 0,
                                             "extra": {"codec_chunk_frames": 0}}]},
      "connectors[0].extra.codec_chunk_frames: input should be greater than 0"),
+    ({"stages": [stage(0, restart_on_failure=True)]},
+     "stages[0].restart_on_failure: needs backend 'vllm'"),
     ({"stages": [stage(0)], "platforms": {"tpu": {}}}, "platforms.tpu: unknown platform"),
     ({"stages": [stage(0)], "platforms": {"cuda": {"stages": [{"stage_id": 0, "role": 3}]}}},
      "platforms.cuda.stages[0].role: expected one of"),

@@ -52,7 +52,7 @@ def test_duplex_config_inherits_and_applies_platform() -> None:
     cpu = load_deploy_config(path, platform="cpu")
     rocm = load_deploy_config(path, platform="rocm")
     assert cuda.session_mode == "duplex"
-    assert cuda.stage(0).engine_args.limit_mm_per_prompt == {"audio": 4, "image": 8, "video": 0}
+    assert cuda.stage(0).engine_args.limit_mm_per_prompt == {"audio": 16, "image": 8, "video": 0}
     assert cuda.stage(1).default_sampling_params.seed == 42  # from the base file
     assert cuda.stage(0).engine_args.max_num_seqs == 32  # the duplex file's cuda section
     assert cpu.stage(0).engine_args.max_num_seqs == 64  # no cpu section: the base value

@@ -1,16 +1,20 @@
 """Thinker and talker on real vLLM CPU engines: same tokens, same codec ids, same audio as
-transformers, with async_chunk on and off; batching, abort, bad input, the realtime
-scenarios, and a dying engine. One pair of engines serves the whole module (each start
-takes about a minute here); the dead-engine test kills them, so it runs last."""
+transformers, with async_chunk on and off; batching, abort, bad input, request accounting,
+long spoken conversations, the realtime scenarios, and dying engines. One pair of engines
+serves the whole module (each start takes about a minute here); the dead-engine test kills
+them one at a time (they restart), so it runs last."""
 
 from __future__ import annotations
 
 import asyncio
 
+import httpx
 import numpy as np
 import pytest
 
-from tests.engine_helpers import async_chunk_set_to, make_engine, run_request
+from tests.engine_helpers import async_chunk_set_to, end_requests_every_way, make_engine, run_request
+from tests.fault_helpers import kill_during_request, wait_until_healthy
+from tests.test_engine_faults import spoken_conversation
 from tests.test_pipeline_parity import CASES, engine_request, reference  # noqa: F401  (fixture)
 from vllm_omni.engine import AudioChunk, Message, OmniRequest, RequestError
 from vllm_omni.models.qwen3_omni.checkpoint import load_checkpoint
@@ -25,7 +29,8 @@ def served(tiny_checkpoint):
     from tests.realtime_helpers import serving
 
     checkpoint = load_checkpoint(tiny_checkpoint, bridge_only=True)
-    engine = make_engine(checkpoint, async_chunk=True, thinker_backend="vllm", talker_backend="vllm")
+    engine = make_engine(checkpoint, async_chunk=True, thinker_backend="vllm", talker_backend="vllm",
+                         restart_on_failure=True)
     with serving(engine) as (url, engine, app):
         yield url, engine, app
 
@@ -145,34 +150,49 @@ def test_eight_sessions_three_turns_on_vllm(served) -> None:
     check_concurrent_sessions(*served)
 
 
-def test_dead_engines_fail_their_requests_instead_of_hanging(vllm_engine) -> None:
-    """Runs last: SIGKILLs both EngineCore processes of the shared engine."""
-    import os
-    import signal
+def test_every_way_of_ending_a_request_on_vllm_leaves_no_stage_counting_it(served) -> None:
+    """Found in production: cancels right after the submit left the thinker counting requests."""
+    url, engine, _ = served
+    asyncio.run(end_requests_every_way(engine, rounds=2))
+    held = {role: asyncio.run_coroutine_threadsafe(worker.driver.held_requests(), worker._loop).result(30)
+            for role, worker in engine.workers.items() if hasattr(worker, "driver")}
+    assert held == {"thinker": 0, "talker": 0}  # vLLM's own tables and ours in its worker processes
+    health = httpx.get(url.replace("ws://", "http://") + "/health").json()
+    assert health["active_requests"] == 0
+    assert health["stage_active_requests"] == {"thinker": 0, "talker": 0, "code2wav": 0}
 
-    import psutil
 
+def test_more_spoken_turns_than_the_audio_limit_on_vllm(vllm_engine) -> None:
+    """vLLM refuses a prompt with more audio items than limit_mm_per_prompt."""
+    limit = vllm_engine.deploy.stage_by_role("thinker").engine_args.mm_limit("audio")
+    request = OmniRequest(spoken_conversation(limit + 1),
+                          sampling={"thinker": {"max_tokens": 4}, "talker": {"max_tokens": 8}})
+    result = asyncio.run(run_request(vllm_engine, request))
+    assert result["final"].finish_reason in ("stop", "length"), result["final"].error
+    assert vllm_engine.pipeline.last_render[1] == limit
+
+
+KILLS = (("thinker", "before_output"), ("talker", "mid_audio"), ("thinker", "talker_only"))
+
+
+def test_killed_engines_fail_their_requests_and_restart(vllm_engine) -> None:
+    """Runs last: SIGKILLs one EngineCore at a time, at three points of a request; each
+    time the request fails within 2 s naming the stage, new requests are refused at once,
+    nothing stays counted, and the stage restarts (restart_on_failure)."""
     engine = vllm_engine
 
     async def scenario():
-        long = OmniRequest([Message("user", text="Tell me everything.")],
-                           sampling={"thinker": {"max_tokens": 1000}, "talker": {"max_tokens": 1000}})
-        stream = engine.generate(long)
-        await stream.__anext__()
-        children = psutil.Process().children(recursive=True)
-        cores = [p for p in children if "EngineCore" in " ".join(p.cmdline()) + p.name()]
-        assert len(cores) == 2, [p.name() for p in children]
-        for core in cores:
-            os.kill(core.pid, signal.SIGKILL)
-        outputs = [output async for output in stream]
-        assert outputs[-1].finish_reason == "error"
-        assert "thinker" in outputs[-1].error or "talker" in outputs[-1].error
-        for _ in range(100):
-            if len(engine.unhealthy_stages()) == 2:
-                break
-            await asyncio.sleep(0.05)
-        assert sorted(engine.unhealthy_stages()) == ["talker", "thinker"]
-        after = await asyncio.wait_for(run_request(engine, engine_request("text")), 60)
-        assert after["final"].finish_reason == "error"
+        for role, point in KILLS:
+            outcome = await kill_during_request(engine, role, point)
+            stage_id = engine.deploy.stage_by_role(role).stage_id
+            final = outcome.final
+            assert final.finish_reason == "error" and final.error_code == "stage_unavailable", final
+            assert f"{role} (stage_id {stage_id})" in final.error
+            assert outcome.kill_to_final_s < 2.0, outcome
+            assert outcome.outputs_before_kill == 0 or point != "before_output"
+            assert outcome.refusal_s < 0.1 and f"{role} (stage_id {stage_id})" in str(outcome.refusal)
+            await wait_until_healthy(engine, 300)
+        after = await run_request(engine, engine_request("text"))
+        assert after["final"].finish_reason in ("stop", "length"), after["final"].error
 
-    asyncio.run(asyncio.wait_for(scenario(), 180))
+    asyncio.run(asyncio.wait_for(scenario(), 1200))

@@ -177,6 +177,13 @@ def _cross_references(config: DeployConfig) -> list[str]:
     return problems
 
 
+def _stage_rules(config: DeployConfig) -> list[str]:
+    """Keys that only make sense with some backends."""
+    return [f"stages[{i}].restart_on_failure: needs backend 'vllm' (a torch stage runs inside the "
+            f"server's process; got backend {stage.backend!r})"
+            for i, stage in enumerate(config.stages) if stage.restart_on_failure and stage.backend != "vllm"]
+
+
 def load_deploy_config(path: str | os.PathLike[str], platform: str | None = None) -> DeployConfig:
     """Load, merge and validate a deploy YAML for `platform` (detected when None)."""
     path = Path(path)
@@ -190,7 +197,7 @@ def load_deploy_config(path: str | os.PathLike[str], platform: str | None = None
         config = DeployConfig.model_validate(merged)
     except ValidationError as exc:
         raise ConfigError(shown, describe_validation_error(exc)) from None
-    problems = _duplicates(merged, ()) + _cross_references(config)
+    problems = _duplicates(merged, ()) + _cross_references(config) + _stage_rules(config)
     if problems:
         raise ConfigError(shown, problems)
     return config

@@ -10,6 +10,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
+# vLLM 0.32's limit for a modality missing from `limit_mm_per_prompt`
+# (MultiModalConfig.get_limit_per_prompt); the torch backend applies the same default.
+DEFAULT_MM_LIMIT = 999
+
 Platform = Literal["cuda", "rocm", "xpu", "npu", "cpu"]
 PLATFORMS: tuple[str, ...] = ("cuda", "rocm", "xpu", "npu", "cpu")
 
@@ -30,8 +34,13 @@ class EngineArgs(_Strict):
     enable_prefix_caching: bool | None = None
     trust_remote_code: bool = False
     dtype: str | None = None
+    # Most items of each modality in one thinker prompt, on both backends; a conversation with
+    # more loses the oldest turns' audio first (engine/orchestrator.py). Unlisted: DEFAULT_MM_LIMIT.
     limit_mm_per_prompt: dict[str, NonNegativeInt] = Field(default_factory=dict)
     extra: dict[str, Any] = Field(default_factory=dict)
+
+    def mm_limit(self, modality: str) -> int:
+        return self.limit_mm_per_prompt.get(modality, DEFAULT_MM_LIMIT)
 
 
 class SamplingParams(_Strict):
@@ -58,6 +67,10 @@ class StageConfig(_Strict):
     engine_args: EngineArgs = Field(default_factory=EngineArgs)
     input_connectors: list[str] = Field(default_factory=list)
     default_sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+    # vLLM stages only: when the stage's engine dies, its in-flight requests fail (as they
+    # always do) and then a new engine is started in its place; requests are refused until
+    # it is up. Off: the stage stays dead until the server restarts.
+    restart_on_failure: bool = False
 
 
 class CodecChunking(_Strict):

@@ -12,8 +12,9 @@ from vllm_omni.engine.request import (
     RequestError,
     RequestFinished,
     StageMetrics,
+    StageUnavailableError,
     TextDelta,
 )
 
 __all__ = ["AudioChunk", "AudioInputStream", "EngineOutput", "Message", "OmniEngine", "OmniRequest",
-           "RequestError", "RequestFinished", "StageMetrics", "TextDelta"]
+           "RequestError", "RequestFinished", "StageMetrics", "StageUnavailableError", "TextDelta"]

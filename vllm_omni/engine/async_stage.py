@@ -4,11 +4,16 @@ Same outside as `StageWorker` (submit, drop, stop, counts), so the orchestrator 
 either alike. Each request is one task on this stage's loop, started by its first message;
 later messages go to the driver's `feed`. Dropping a request cancels its task, which closes
 the engine's output stream and so aborts the request there.
+
+A task leaves the request table through a done-callback, not from inside its coroutine: a
+task cancelled before its first step never runs its body (nor its `finally`), and a drop
+right after the submit does exactly that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 
@@ -30,6 +35,8 @@ class AsyncEngineStage:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"stage-{role}", daemon=True)
         self._tasks: dict[str, asyncio.Task] = {}
+        self.restarting = False
+        self._restart_failed = False
 
     def start(self) -> None:
         self._thread.start()
@@ -41,14 +48,26 @@ class AsyncEngineStage:
     def drop(self, request_id: str) -> None:
         self._loop.call_soon_threadsafe(self._cancel, request_id)
 
+    def drop_all(self) -> None:
+        """Drop every request (the stage died: a run may wait on its engine forever)."""
+        self._loop.call_soon_threadsafe(self._cancel_each)
+
     def num_requests(self) -> int:
         return len(self._tasks)
 
     def healthy(self) -> bool:
-        return self._thread.is_alive() and self.driver.healthy()
+        return self._thread.is_alive() and not self.restarting and self.driver.healthy()
 
     def queue_depth(self) -> int:
         return max(0, len(self._tasks) - self.max_active)
+
+    def restart(self) -> None:
+        """Replace a dead engine by a new one, in the background; `healthy()` stays False
+        until it is up. A failed restart is not retried (the stage stays dead)."""
+        if self.restarting or self._restart_failed or not self._thread.is_alive():
+            return
+        self.restarting = True
+        asyncio.run_coroutine_threadsafe(self._restart(), self._loop)
 
     def stop(self) -> None:
         if not self._thread.is_alive():
@@ -60,22 +79,52 @@ class AsyncEngineStage:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=STOP_TIMEOUT_S)
 
-    async def _shutdown(self) -> None:
-        for task in list(self._tasks.values()):
+    def _cancel_each(self) -> list[asyncio.Task]:
+        tasks = list(self._tasks.values())
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        return tasks
+
+    async def _cancel_all(self) -> None:
+        tasks = self._cancel_each()
+        if tasks:
+            await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
+
+    async def _shutdown(self) -> None:
+        await self._cancel_all()
         await self.driver.shutdown()
 
+    async def _restart(self) -> None:
+        logger.warning("stage %s: restarting its engine", self.role)
+        try:
+            await self._cancel_all()
+            await self.driver.shutdown()
+            await self.driver.start()
+            logger.warning("stage %s: engine restarted", self.role)
+        except Exception:
+            logger.exception("stage %s: restart failed; the stage stays unavailable", self.role)
+            self._restart_failed = True
+        finally:
+            self.restarting = False
+
     def _spawn(self, request_id: str, message: object) -> None:
-        if request_id in self._tasks:
+        task = self._tasks.get(request_id)
+        if task is not None and not task.done():
             try:
                 self.driver.feed(request_id, message)
             except Exception as exc:
                 self._on_error(self.role, request_id, exc)
-                self._cancel(request_id)
+                task.cancel()
         elif self.driver.starts_request(message):
-            self._tasks[request_id] = self._loop.create_task(self._serve(request_id, message))
+            task = self._loop.create_task(self._serve(request_id, message))
+            self._tasks[request_id] = task
+            task.add_done_callback(functools.partial(self._forget, request_id))
         # else: a follow-up message for a request this stage has already finished; nothing to do
+
+    def _forget(self, request_id: str, task: asyncio.Task) -> None:
+        if self._tasks.get(request_id) is task:  # not a newer request that reuses the id
+            del self._tasks[request_id]
+            self.driver.forget(request_id)
 
     def _cancel(self, request_id: str) -> None:
         task = self._tasks.get(request_id)
@@ -88,7 +137,8 @@ class AsyncEngineStage:
         except asyncio.CancelledError:
             pass
         except Exception as exc:  # an engine failure (including a dead engine) fails this request
-            logger.exception("stage %s failed on request %s", self.role, request_id)
+            if self.driver.healthy():
+                logger.exception("stage %s failed on request %s", self.role, request_id)
+            else:
+                logger.warning("stage %s: request %s ended with the engine: %r", self.role, request_id, exc)
             self._on_error(self.role, request_id, exc)
-        finally:
-            self._tasks.pop(request_id, None)

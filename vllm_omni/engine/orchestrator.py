@@ -5,6 +5,12 @@ the first stage and yields its outputs as they appear: text deltas, PCM16 audio 
 and one final `RequestFinished`. Stage events are routed in the worker thread that
 produced them (under one short lock), so a ready audio chunk is forwarded at once,
 whatever the other stages are doing.
+
+When a request ends, however it ends, every stage is told to drop it, so no stage keeps
+working on (or counting) a request whose final record is out. A watcher thread checks the
+stages' health: when one dies, every in-flight request fails at once (a request waiting
+on a dead engine may otherwise never hear of it), new requests are refused, and a vLLM
+stage with `restart_on_failure` gets a new engine.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from vllm_omni.engine.request import (
     OmniRequest,
     RequestError,
     RequestFinished,
+    StageUnavailableError,
     TextDelta,
 )
 from vllm_omni.engine.stage_timing import StageTimer
@@ -45,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 MODALITIES = ("text", "audio")
 STALL_TIMEOUT_S = 300.0  # a request that produces nothing for this long is failed
+HEALTH_POLL_S = 0.25  # how often the watcher checks that every stage is alive
 
 
 @dataclass
@@ -77,6 +85,9 @@ class OmniEngine:
         self.max_requests = max_waiting_factor * self.workers["thinker"].max_active
         for worker in self.workers.values():
             worker.start()
+        self._stopping = threading.Event()
+        self._watcher = threading.Thread(target=self._watch_stages, name="stage-health", daemon=True)
+        self._watcher.start()
 
     @classmethod
     def from_pretrained(cls, model: str | Path, deploy_config: str | Path | DeployConfig,
@@ -132,14 +143,20 @@ class OmniEngine:
             unfinished = len(self._records)
         return max(unfinished, *(w.num_requests() for w in self.workers.values()))
 
+    def active_requests_by_stage(self) -> dict[str, int]:
+        """Requests holding state in each stage, by role."""
+        return {role: worker.num_requests() for role, worker in self.workers.items()}
+
     def unhealthy_stages(self) -> list[str]:
-        """Stages whose worker or engine has died (their requests fail with an error)."""
+        """Stages whose worker or engine has died or is restarting (requests are refused)."""
         return [role for role, worker in self.workers.items() if not worker.healthy()]
 
     def queue_depths(self) -> dict[str, int]:
         return {role: worker.queue_depth() for role, worker in self.workers.items()}
 
     def shutdown(self) -> None:
+        self._stopping.set()
+        self._watcher.join()
         for worker in self.workers.values():
             worker.stop()
 
@@ -154,13 +171,15 @@ class OmniEngine:
             raise RequestError("; ".join(describe_validation_error(exc, ("sampling", role)))) from None
 
     def _render(self, request: OmniRequest):
-        """The thinker prompt. When the conversation outgrows the context, the oldest turns
-        are left out (system instructions and the current turn always stay)."""
+        """The thinker prompt. When the conversation outgrows the thinker's audio limit or the
+        context, the oldest turns lose their audio, then the oldest turns are left out
+        (system instructions and the current turn always stay)."""
         turns: list[tuple[dict[str, Any], Any]] = []  # (chat-template message, its audio features)
         for i, message in enumerate(request.messages):
             turns.append(self._chat_message(message, f"messages[{i}]"))
         if not turns or turns[-1][0]["role"] != "user":
             raise RequestError("messages: the last turn must be the user's")
+        self._fit_audio_limit(turns)
         while True:
             prompt = self.pipeline.render([m for m, _ in turns], [f for _, f in turns if f is not None])
             if len(prompt) < self.pipeline.max_model_len:
@@ -170,6 +189,23 @@ class OmniEngine:
                 raise RequestError(f"prompt is {len(prompt)} tokens; the model's context is "
                                    f"{self.pipeline.max_model_len}")
             del turns[oldest]
+
+    def _fit_audio_limit(self, turns: list[tuple[dict[str, Any], Any]]) -> None:
+        """Keep at most the thinker's `limit_mm_per_prompt` audio items (vLLM refuses more; the
+        torch backend keeps the same limit): the oldest turns with audio lose it, and a turn
+        left without text goes. Each turn carries at most one audio item."""
+        limit = self.deploy.stage_by_role("thinker").engine_args.mm_limit("audio")
+        while sum(features is not None for _, features in turns) > limit:
+            oldest = next((i for i, (_, f) in enumerate(turns[:-1]) if f is not None), None)
+            if oldest is None:
+                raise RequestError(f"the current turn carries audio, but the thinker's limit_mm_per_prompt "
+                                   f"allows {limit} audio items per prompt")
+            message, _ = turns[oldest]
+            text = [part for part in message["content"] if part["type"] != "audio"]
+            if text:
+                turns[oldest] = ({**message, "content": text}, None)
+            else:
+                del turns[oldest]
 
     def _chat_message(self, message, where: str) -> tuple[dict[str, Any], Any]:
         if message.role not in ("system", "user", "assistant"):
@@ -198,7 +234,13 @@ class OmniEngine:
         content = parts[0]["text"] if message.role == "system" and len(parts) == 1 else parts
         return {"role": message.role, "content": content}, features
 
+    def _stage_names(self, roles: list[str]) -> str:
+        return ", ".join(f"{role} (stage_id {self.deploy.stage_by_role(role).stage_id})" for role in roles)
+
     def _admit(self, request: OmniRequest) -> _Record:
+        dead = self.unhealthy_stages()
+        if dead:
+            raise StageUnavailableError(f"stage {self._stage_names(dead)} is unavailable; retry later")
         unknown = set(request.modalities) - set(MODALITIES)
         if unknown or "text" not in request.modalities:
             raise RequestError(f"modalities: expected 'text' or 'text'+'audio', got {list(request.modalities)}")
@@ -269,24 +311,59 @@ class OmniEngine:
     def _on_error(self, role: str, request_id: str, exc: Exception) -> None:
         with self._lock:
             record = self._records.get(request_id)
-            if record is not None and not record.finished:
+            if record is None or record.finished:
+                return
+            if self.workers[role].healthy():
                 self._finish_locked(record, "error", f"{role} stage failed: {type(exc).__name__}: {exc}")
+            else:  # the stage died under the request
+                self._finish_locked(record, "error", f"stage {self._stage_names([role])} died: "
+                                    f"{type(exc).__name__}: {exc}", StageUnavailableError.code)
+
+    # Stage health (watcher thread) --------------------------------------------------------
+
+    def _watch_stages(self) -> None:
+        known_dead: list[str] = []
+        while not self._stopping.wait(HEALTH_POLL_S):
+            dead = self.unhealthy_stages()
+            if dead != known_dead:
+                logger.warning("unavailable stages: %s", self._stage_names(dead) or "none")
+                known_dead = dead
+            if dead:
+                self._fail_all(dead)
+                for role in dead:
+                    self._release_dead_stage(role)
+
+    def _fail_all(self, dead: list[str]) -> None:
+        """End every in-flight request: a request may wait on a dead stage forever (an RPC
+        to a dead vLLM engine never returns), wherever it is in the pipeline."""
+        with self._lock:
+            for record in list(self._records.values()):
+                self._finish_locked(record, "error", f"stage {self._stage_names(dead)} died",
+                                    StageUnavailableError.code)
+
+    def _release_dead_stage(self, role: str) -> None:
+        """Free what the dead stage still holds, then restart it if the deploy says so."""
+        worker = self.workers[role]
+        worker.drop_all()
+        if isinstance(worker, AsyncEngineStage) and self.deploy.stage_by_role(role).restart_on_failure:
+            worker.restart()
 
     # Ending requests ----------------------------------------------------------------------
 
-    def _finish_locked(self, record: _Record, reason: str, error: str | None = None) -> None:
+    def _finish_locked(self, record: _Record, reason: str, error: str | None = None,
+                       error_code: str | None = None) -> None:
         record.finished = True
         request_id = record.request.request_id
         self._records.pop(request_id, None)
-        if reason in ("abort", "error"):
-            for worker in self.workers.values():
-                worker.drop(request_id)
+        for worker in self.workers.values():  # also after a normal end: e.g. a talker that
+            worker.drop(request_id)  # ended first leaves the thinker with nothing to do
         self._push(record, RequestFinished(
             request_id=request_id, finish_reason=reason, text=record.detokenizer.text,
             prompt_tokens=record.prompt_tokens,
             token_ids=tuple(record.detokenizer.token_ids),
             audio_duration_s=record.audio_samples / record.sample_rate if record.sample_rate else 0.0,
-            time_to_first_audio_s=record.first_audio_s, stage_metrics=record.timer.metrics(), error=error))
+            time_to_first_audio_s=record.first_audio_s, stage_metrics=record.timer.metrics(), error=error,
+            error_code=error_code))
 
     def _finish(self, record: _Record, reason: str, error: str | None = None) -> None:
         with self._lock:

@@ -16,11 +16,19 @@ class RequestError(ValueError):
     """A request the engine cannot take; the message names what is wrong. Nothing else is affected."""
 
 
+class StageUnavailableError(RequestError):
+    """Refused because a stage's worker or engine is dead (or restarting); the message names
+    the stage. Retrying later may succeed if the stage restarts."""
+
+    code = "stage_unavailable"
+
+
 class AudioInputStream:
     """User audio handed over while the user is still speaking.
 
     Log-mel frames are computed as samples arrive (audio/log_mel.py), so when the turn ends
-    only the last few frames remain; the features equal a one-shot extraction.
+    only the last few frames remain; the features equal a one-shot extraction. The stream
+    keeps features, not samples.
     """
 
     def __init__(self) -> None:
@@ -37,9 +45,12 @@ class AudioInputStream:
         return self._mel.num_samples
 
     def close(self):
-        """End of turn: compute the tail frames; return the [128, frames] features."""
-        self.closed = True
-        self._mel.finish()
+        """End of turn: compute the tail frames; return the [128, frames] features. Later
+        calls return the same features, so a conversation can keep them for every turn
+        instead of the samples."""
+        if not self.closed:
+            self._mel.finish()
+            self.closed = True
         return self._mel.features()
 
 
@@ -101,6 +112,7 @@ class RequestFinished:
     time_to_first_audio_s: float | None = None
     stage_metrics: dict[str, StageMetrics] = field(default_factory=dict)
     error: str | None = None
+    error_code: str | None = None  # "stage_unavailable" when a stage died under the request
 
 
 EngineOutput = TextDelta | AudioChunk | RequestFinished

@@ -52,6 +52,12 @@ class StageWorker:
     def drop(self, request_id: str) -> None:
         self._inbox.put(("drop", request_id, None))
 
+    def drop_all(self) -> None:
+        """Forget every request of a dead worker (its thread has ended: nothing else touches
+        the program any more)."""
+        for request_id in self.program.request_ids():
+            self.program.drop(request_id)
+
     def stop(self) -> None:
         self._running = False
         self._inbox.put(("stop", "", None))

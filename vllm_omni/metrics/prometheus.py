@@ -21,20 +21,23 @@ RTF = Histogram("vllm_omni_realtime_rtf", "Generation time over audio duration, 
                 buckets=RTF_BUCKETS)
 
 
-class _StageQueueCollector:
-    """Reads stage queue depths from the engine at scrape time."""
+class _StageGaugeCollector:
+    """One per-stage gauge, read from the engine at scrape time (`source`: {stage: value})."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str, documentation: str) -> None:
+        self.name, self.documentation = name, documentation
         self.source: Callable[[], dict[str, int]] | None = None
 
     def collect(self):
-        family = GaugeMetricFamily("vllm_omni_stage_queue_depth", "Messages and requests waiting per stage",
-                                   labels=["stage"])
+        family = GaugeMetricFamily(self.name, self.documentation, labels=["stage"])
         if self.source is not None:
-            for stage, depth in self.source().items():
-                family.add_metric([stage], depth)
+            for stage, value in self.source().items():
+                family.add_metric([stage], value)
         yield family
 
 
-STAGE_QUEUES = _StageQueueCollector()
+STAGE_QUEUES = _StageGaugeCollector("vllm_omni_stage_queue_depth", "Messages and requests waiting per stage")
+STAGE_ACTIVE_REQUESTS = _StageGaugeCollector("vllm_omni_stage_active_requests",
+                                             "Requests holding state in each stage")
 REGISTRY.register(STAGE_QUEUES)
+REGISTRY.register(STAGE_ACTIVE_REQUESTS)

@@ -66,7 +66,8 @@ class AsyncStageDriver(Protocol):
     per request instead of steps; batching happens inside the engine."""
 
     async def start(self) -> None:
-        """Bring the engine up (called once, on the stage's event loop)."""
+        """Bring the engine up (on the stage's event loop; again after `shutdown` to replace
+        a dead engine)."""
 
     def starts_request(self, message: object) -> bool:
         """Whether `message` is the first message of a request (others are follow-ups)."""
@@ -76,6 +77,10 @@ class AsyncStageDriver(Protocol):
 
     def feed(self, request_id: str, message: object) -> None:
         """A follow-up message for a running request (called on the stage's event loop)."""
+
+    def forget(self, request_id: str) -> None:
+        """Free what `feed` kept for a request; called once its run has ended, however it
+        ended (also when it was cancelled before it started)."""
 
     async def shutdown(self) -> None:
         """Stop the engine."""

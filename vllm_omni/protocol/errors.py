@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 RATE_LIMIT_CODES = {"input_backpressure", "resource_exhausted"}
-SERVER_CODES = {"commit_aborted", "realtime_input_failed", "engine_error", "internal_error",
+SERVER_CODES = {"commit_aborted", "realtime_input_failed", "engine_error", "internal_error", "stage_unavailable",
                 "runtime_data_plane_stream_failed", "server_vad_unavailable"}
 
 

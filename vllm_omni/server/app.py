@@ -23,9 +23,11 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics.STAGE_QUEUES.source = engine.queue_depths
+        metrics.STAGE_ACTIVE_REQUESTS.source = engine.active_requests_by_stage
         app.state.loop = asyncio.get_running_loop()
         yield
         metrics.STAGE_QUEUES.source = None
+        metrics.STAGE_ACTIVE_REQUESTS.source = None
         engine.shutdown()
 
     app = FastAPI(title="vllm-omni", lifespan=lifespan)
@@ -34,7 +36,8 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     async def health() -> JSONResponse:
         dead = engine.unhealthy_stages()
         body = {"status": "error" if dead else "ok", "active_sessions": sessions[0],
-                "active_requests": engine.num_active_requests(), "dead_stages": dead}
+                "active_requests": engine.num_active_requests(),
+                "stage_active_requests": engine.active_requests_by_stage(), "dead_stages": dead}
         return JSONResponse(body, status_code=503 if dead else 200)
 
     @app.get("/v1/models")

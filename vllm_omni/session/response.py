@@ -19,7 +19,15 @@ from typing import Any
 import numpy as np
 
 from vllm_omni.audio.formats import AudioFormat, encode_output
-from vllm_omni.engine.request import AudioChunk, OmniRequest, RequestError, RequestFinished, StageMetrics, TextDelta
+from vllm_omni.engine.request import (
+    AudioChunk,
+    OmniRequest,
+    RequestError,
+    RequestFinished,
+    StageMetrics,
+    StageUnavailableError,
+    TextDelta,
+)
 from vllm_omni.metrics import prometheus as metrics
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.server_events import b64, error_event, event, response_object
@@ -123,6 +131,8 @@ class ResponseRun:
                 elif isinstance(output, RequestFinished):
                     self._on_finished(output)
                     return
+        except StageUnavailableError as exc:
+            self._fail(exc.code, str(exc))
         except RequestError as exc:
             self._fail("invalid_request_error", str(exc))
         except asyncio.CancelledError:
@@ -162,7 +172,7 @@ class ResponseRun:
     def _on_finished(self, final: RequestFinished) -> None:
         self._stage_metrics = stage_metrics_wire(final.stage_metrics, final.finish_reason)
         if final.finish_reason == "error":
-            self._fail("engine_error", final.error or "engine failure")
+            self._fail(final.error_code or "engine_error", final.error or "engine failure")
             return
         if final.finish_reason == "abort":
             return  # cancelled by us: the cancel path already ended the response

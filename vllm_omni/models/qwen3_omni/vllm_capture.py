@@ -64,6 +64,9 @@ class _CaptureRunnerMixin:
         for key in [k for k in self._omni_rows if k == request_prefix or k.startswith(request_prefix + "-")]:
             del self._omni_rows[key]
 
+    def omni_held_requests(self) -> int:
+        return len(self._omni_rows)
+
 
 class CaptureWorkerMixin(RunnerExtensionWorkerMixin):
     """The thinker engine's worker: the capturing runner and its RPC methods."""
@@ -75,3 +78,7 @@ class CaptureWorkerMixin(RunnerExtensionWorkerMixin):
 
     def omni_forget(self, request_prefix: str) -> None:
         self.model_runner.omni_forget(request_prefix)
+
+    def omni_held_requests(self) -> int:
+        """Requests this worker keeps rows for (0 once every request was forgotten)."""
+        return self.model_runner.omni_held_requests()

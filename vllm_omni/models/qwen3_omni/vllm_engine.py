@@ -3,12 +3,16 @@ config, sampling parameters, and the platform check."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from vllm_omni.config import SamplingParams, StageConfig
+
+logger = logging.getLogger(__name__)
 
 PASSED_THROUGH = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization",
                   "enforce_eager")
@@ -71,8 +75,8 @@ def engine_kwargs(stage: StageConfig, model: str, **defaults: Any) -> dict[str, 
         value = getattr(args, name)
         if value is not None:
             kwargs[name] = value
-    if args.limit_mm_per_prompt:
-        kwargs["limit_mm_per_prompt"] = args.limit_mm_per_prompt
+    if args.limit_mm_per_prompt:  # over the driver's defaults, modality by modality
+        kwargs["limit_mm_per_prompt"] = {**kwargs.get("limit_mm_per_prompt", {}), **args.limit_mm_per_prompt}
     kwargs.update(args.extra)
     if cpu_platform():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -105,6 +109,26 @@ class VllmEngineDriver:
     def engine_kwargs(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def forget(self, request_id: str) -> None:
+        """Nothing kept outside a run by default."""
+
+    async def forget_in_engine(self, request_id: str, feeder: asyncio.Task | None = None) -> None:
+        """Free the request's state in the engine's processes (`omni_forget`), after stopping
+        `feeder` (a task that sends the engine this request's inputs), so nothing of the
+        request reaches the engine afterwards. The cleanup is not cancelled with the run (a
+        drop may come while the run is ending) and its failure is logged, not raised over
+        the run's own outcome."""
+        cleanup = asyncio.ensure_future(self._forget_after(request_id, feeder))
+        cleanup.add_done_callback(_log_failed_forget)
+        await asyncio.wait([cleanup])
+
+    async def _forget_after(self, request_id: str, feeder: asyncio.Task | None) -> None:
+        if feeder is not None:
+            feeder.cancel()
+            await asyncio.wait([feeder])
+        if self.engine is not None and not self.engine.errored:  # a dead engine holds nothing any more
+            await self.engine.collective_rpc("omni_forget", args=(request_id,))
+
     async def start(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -119,3 +143,13 @@ class VllmEngineDriver:
 
     def healthy(self) -> bool:
         return self.engine is not None and not self.engine.errored
+
+    async def held_requests(self) -> int:
+        """Requests the engine still holds: unfinished in vLLM, or with our state in its workers."""
+        held = await self.engine.collective_rpc("omni_held_requests")
+        return self.engine.get_num_unfinished_requests() + sum(held)
+
+
+def _log_failed_forget(call: asyncio.Future) -> None:
+    if not call.cancelled() and call.exception() is not None:
+        logger.warning("omni_forget failed: %r", call.exception())

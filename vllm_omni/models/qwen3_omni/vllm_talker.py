@@ -14,6 +14,7 @@ and emitted as `CodecFrame`s. The last sampled id
 from __future__ import annotations
 
 import asyncio
+from contextlib import aclosing
 from typing import Any
 
 from vllm_omni.config import StageConfig
@@ -61,6 +62,11 @@ class FramePump:
                 if not future.done():  # a cancelled request's frames are forgotten with it
                     future.set_result(replies.get(request_id, []))
 
+    def close(self) -> None:
+        """Stop a call that may never return (its engine died)."""
+        if self._task is not None:
+            self._task.cancel()
+
 
 class VllmTalkerDriver(VllmEngineDriver):
     def __init__(self, checkpoint: Qwen3OmniCheckpoint, stage: StageConfig):
@@ -93,9 +99,22 @@ class VllmTalkerDriver(VllmEngineDriver):
     def starts_request(self, message: object) -> bool:
         return isinstance(message, TalkerJob)
 
+    async def start(self) -> None:
+        await super().start()
+        self._frame_pump = FramePump(self.engine)
+
+    async def shutdown(self) -> None:
+        if self._frame_pump is not None:
+            self._frame_pump.close()
+            self._frame_pump = None
+        await super().shutdown()
+
     def _text_queue(self, request_id: str) -> asyncio.Queue:
         """The request's text queue; `feed` may come before `run` has started."""
         return self._text_queues.setdefault(request_id, asyncio.Queue())
+
+    def forget(self, request_id: str) -> None:
+        self._text_queues.pop(request_id, None)
 
     def feed(self, request_id: str, message: object) -> None:
         queue = self._text_queue(request_id)
@@ -117,11 +136,6 @@ class VllmTalkerDriver(VllmEngineDriver):
             finished = any(item is _FINISHED for item in items)
             await self.engine.collective_rpc("omni_push_text", args=(request_id, token_ids, finished))
 
-    async def _take_frames(self, request_id: str) -> list[list[int]]:
-        if self._frame_pump is None:
-            self._frame_pump = FramePump(self.engine)
-        return await self._frame_pump.take(request_id)
-
     async def run(self, request_id: str, message: object, emit: Emit) -> None:
         if not isinstance(message, TalkerJob):
             raise TypeError(f"talker cannot start with {type(message).__name__}")
@@ -135,19 +149,17 @@ class VllmTalkerDriver(VllmEngineDriver):
         frames = 0
         try:
             embeds = self.bridge.prompt_embeddings(job.input_ids, job.prefill, job.speaker)[0]
-            async for output in self.engine.generate({"prompt_embeds": embeds.contiguous()}, sampling, request_id):
-                codes0 += output.outputs[0].token_ids
-                if pusher.done():
-                    pusher.result()  # surfaces a failed push
-                for frame in await self._take_frames(request_id):
-                    frames += 1
-                    emit(CodecFrame(tuple(frame)))
-                if output.finished:
-                    emit(StageDone("stop" if codes0 and codes0[-1] == self.eos_token_id else "length", frames))
+            prompt = {"prompt_embeds": embeds.contiguous()}
+            # aclosing: however the loop ends, vLLM aborts the request before it is forgotten below
+            async with aclosing(self.engine.generate(prompt, sampling, request_id)) as outputs:
+                async for output in outputs:
+                    codes0 += output.outputs[0].token_ids
+                    if pusher.done():
+                        pusher.result()  # surfaces a failed push
+                    for frame in await self._frame_pump.take(request_id):
+                        frames += 1
+                        emit(CodecFrame(tuple(frame)))
+                    if output.finished:
+                        emit(StageDone("stop" if codes0 and codes0[-1] == self.eos_token_id else "length", frames))
         finally:
-            pusher.cancel()
-            await asyncio.gather(pusher, return_exceptions=True)
-            try:
-                await self.engine.collective_rpc("omni_forget", args=(request_id,))
-            finally:  # last, with no await after it: `feed` is only called while this task runs
-                self._text_queues.pop(request_id, None)
+            await self.forget_in_engine(request_id, feeder=pusher)

@@ -44,6 +44,9 @@ class TextFeed:
         with self._lock:
             self._texts.pop(request_id, None)
 
+    def __len__(self) -> int:
+        return len(self._texts)
+
     def token_for_step(self, request_id: str, step: int, tts_eos_id: int, tts_pad_id: int) -> int | None:
         """The thinker token whose projection is decode step `step`'s text row: the fed-back
         tokens in order, then tts_eos once the thinker finished, then tts_pad; None while

@@ -88,3 +88,7 @@ class TalkerWorkerMixin(RunnerExtensionWorkerMixin):
         for key in self._internal_ids(request_id):
             model.forget(key)
         TEXT_FEED.forget(request_id)
+
+    def omni_held_requests(self) -> int:
+        """Requests this worker keeps state or text for (0 once every request was forgotten)."""
+        return len(self.model_runner.get_model().requests) + len(TEXT_FEED)

@@ -10,6 +10,7 @@ them with one `collective_rpc` once the first token exists.
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from typing import Any
 
 import torch
@@ -41,8 +42,11 @@ class VllmThinkerDriver(VllmEngineDriver):
         self.audio_token_id = checkpoint.config.thinker_config.audio_token_id
 
     def engine_kwargs(self) -> dict[str, Any]:
+        # Audio: the stage's limit (vLLM's default when unset), which the orchestrator keeps
+        # prompts within. Images and video never come from this pipeline: 0 unless configured,
+        # so vLLM does not reserve memory for their encoders.
         return engine_kwargs(self.stage, self.checkpoint_path, enable_mm_embeds=True,
-                             limit_mm_per_prompt={"audio": 4, "image": 0, "video": 0},
+                             limit_mm_per_prompt={"image": 0, "video": 0},
                              worker_cls=worker_class_path("Capture", cpu=cpu_platform()))
 
     def starts_request(self, message: object) -> bool:
@@ -77,22 +81,25 @@ class VllmThinkerDriver(VllmEngineDriver):
     async def run(self, request_id: str, message: object, emit: Emit) -> None:
         if not isinstance(message, ThinkerJob):
             raise TypeError(f"thinker cannot take {type(message).__name__}")
-        job = message
         generated: list[int] = []
         try:
-            sampling = vllm_sampling(job.sampling, [self.eos_token_id, *job.sampling.stop_token_ids])
-            async for output in self.engine.generate(self._prompt(job), sampling, request_id):
-                tokens = list(output.outputs[0].token_ids)
-                for i, token in enumerate(tokens):
-                    last = output.finished and i == len(tokens) - 1
-                    if not generated and job.report_prefill and not last:
-                        prefill = await self._prompt_rows(request_id, token, len(job.prompt.input_ids))
-                        emit(ThinkerPrefilled(job.prompt.input_ids, prefill))
-                    generated.append(token)
-                    emit(TextToken(token, fed=not last))
-                if output.finished:
-                    emit(StageDone("length" if output.outputs[0].finish_reason == "length" else "stop",
-                                   len(generated)))
+            sampling = vllm_sampling(message.sampling, [self.eos_token_id, *message.sampling.stop_token_ids])
+            # aclosing: however the loop ends, vLLM aborts the request before it is forgotten below
+            async with aclosing(self.engine.generate(self._prompt(message), sampling, request_id)) as outputs:
+                async for output in outputs:
+                    await self._on_output(request_id, message, output, generated, emit)
         finally:
-            await self.engine.collective_rpc("omni_forget", args=(request_id,))
+            await self.forget_in_engine(request_id)
 
+    async def _on_output(self, request_id: str, job: ThinkerJob, output: Any, generated: list[int],
+                         emit: Emit) -> None:
+        tokens = list(output.outputs[0].token_ids)
+        for i, token in enumerate(tokens):
+            last = output.finished and i == len(tokens) - 1
+            if not generated and job.report_prefill and not last:
+                prefill = await self._prompt_rows(request_id, token, len(job.prompt.input_ids))
+                emit(ThinkerPrefilled(job.prompt.input_ids, prefill))
+            generated.append(token)
+            emit(TextToken(token, fed=not last))
+        if output.finished:
+            emit(StageDone("length" if output.outputs[0].finish_reason == "length" else "stop", len(generated)))
