@@ -63,3 +63,15 @@ def test_features_before_finish_and_too_short_audio_are_errors() -> None:
     short.append(np.zeros(100, dtype=np.float32))
     with pytest.raises(ValueError, match="too short"):
         short.finish()
+
+
+@pytest.mark.parametrize("length", [201, 300, 359, 1600])
+def test_tiny_appends_equal_one_shot(whisper, length: int) -> None:
+    """Frame 0 reflects sample 200: 20-sample appends that reach just past it used to fail
+    ("padding size") where one append of the same audio did not."""
+    samples = read_fixture_pcm("speech_en_single.wav")[16000: 16000 + length]
+    mel = StreamingLogMel()
+    for start in range(0, length, 20):
+        mel.append(samples[start:start + 20])
+    mel.finish()
+    assert torch.allclose(mel.features(), reference(whisper, samples), atol=1e-6, rtol=0)

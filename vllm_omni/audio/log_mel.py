@@ -81,6 +81,8 @@ class StreamingLogMel:
         lo = start * HOP - HALF_WINDOW
         hi = (upto - 1) * HOP + HALF_WINDOW
         left = max(0, -lo)
+        if left and not at_end:  # frame 0 reflects x[1:201]: sample 200 belongs to its segment
+            hi = max(hi, HALF_WINDOW + 1)
         right = max(0, hi - self._num_samples) if at_end else 0
         segment = audio[max(0, lo) - self._audio_start: min(hi, self._num_samples) - self._audio_start]
         if left or right:  # reflect exactly as torch.stft(center=True) does at the edges
@@ -106,7 +108,9 @@ class StreamingLogMel:
         """Normalised [128, frames] features of everything appended; call finish() first."""
         if self._num_final_frames != self.num_frames:
             raise RuntimeError("features() before finish(): the tail frames are not computed")
-        raw = torch.cat(self._raw_frames, dim=1)
+        if len(self._raw_frames) > 1:  # keep one tensor, not one per append
+            self._raw_frames = [torch.cat(self._raw_frames, dim=1)]
+        raw = self._raw_frames[0]
         raw = torch.maximum(raw, raw.max() - 8.0)
         return (raw + 4.0) / 4.0
 
