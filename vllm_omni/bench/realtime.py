@@ -27,9 +27,12 @@ async def run_level(url: str, pcm: bytes, sessions: int, turns: int, *, model: s
     turn_metrics = [t.metrics for result in finished for t in result.turns]
     completed = sum(1 for result in finished for t in result.turns
                     if t.response is not None and t.response.status == "completed")
+    # Audio the client decoded must add up to the server's final cumulative duration.
+    lost = sum(1 for result in finished for t in result.turns
+               if t.response is not None and abs(t.response.audio_ms - t.metrics["audio_duration_ms"]) > 1)
     return {
         "sessions": sessions, "turns": sessions * turns, "completed_turns": completed, "wall_s": round(wall_s, 3),
-        "failed_sessions": len(outcomes) - len(finished),
+        "failed_sessions": len(outcomes) - len(finished), "lost_audio_turns": lost,
         "error_events": sum(len(result.errors) for result in finished),
         "failures": [f"{type(o).__name__}: {o}" for o in outcomes if not isinstance(o, SessionResult)],
         "audio_s_per_wall_s": round(sum(m["audio_duration_ms"] for m in turn_metrics) / 1000 / wall_s, 3),
@@ -51,7 +54,7 @@ def format_table(results: dict[str, list[dict[str, Any]]]) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
     header = (f"{'target':10s} {'sessions':>8s} {'done':>7s} {'errors':>6s} {'TTFT p50':>9s} {'TTFP p50':>9s} "
-              f"{'TTFP p95':>9s} {'RTF p50':>8s} {'RTF p95':>8s} {'audio s/s':>9s}")
+              f"{'TTFP p95':>9s} {'RTF p50':>8s} {'RTF p95':>8s} {'audio s/s':>9s} {'lost':>4s}")
     lines = [header]
     for name, rows in results.items():
         for row in rows:
@@ -60,7 +63,7 @@ def format_table(results: dict[str, list[dict[str, Any]]]) -> str:
                 f"{row['error_events'] + row['failed_sessions']:6d} {cell(row['ttft_ms']['p50']):>9s} "
                 f"{cell(row['ttfp_ms']['p50']):>9s} {cell(row['ttfp_ms']['p95']):>9s} "
                 f"{cell(row['rtf']['p50'], 3):>8s} {cell(row['rtf']['p95'], 3):>8s} "
-                f"{row['audio_s_per_wall_s']:9.2f}")
+                f"{row['audio_s_per_wall_s']:9.2f} {row['lost_audio_turns']:4d}")
     return "\n".join(lines)
 
 
