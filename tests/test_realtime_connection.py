@@ -40,8 +40,34 @@ def test_api_key_is_required(guarded) -> None:
 
 def test_models_and_health(guarded) -> None:
     base = guarded.replace("ws://", "http://")
-    assert httpx.get(base + "/v1/models").json()["data"][0]["id"] == MODEL_NAME
-    assert httpx.get(base + "/health").json()["status"] == "ok"
+    models = httpx.get(base + "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+    assert models.json()["data"][0]["id"] == MODEL_NAME
+    assert httpx.get(base + "/health").json()["status"] == "ok"  # open, for load balancers
+    assert httpx.get(base + "/metrics").status_code == 200  # open unless --protect-metrics
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}])
+def test_every_v1_route_refuses_a_missing_or_wrong_key(guarded, headers) -> None:
+    base = guarded.replace("ws://", "http://")
+    for path in ("/v1/models", "/v1/chat/completions", "/v1/anything"):
+        refused = httpx.get(base + path, headers=headers)
+        assert (refused.status_code, refused.json()) == (401, {"error": "Unauthorized"}), path
+
+    async def sockets():
+        for path in ("/v1/realtime", "/v1/duplex"):  # refused at the upgrade: no socket is accepted
+            with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+                await websockets.connect(guarded + path, additional_headers=headers)
+            assert refused.value.response.status_code == 401, path
+
+    asyncio.run(sockets())
+
+
+def test_metrics_can_require_the_key(tiny_loaded) -> None:
+    with running_server(tiny_loaded, {}, api_key=KEY, protect_metrics=True) as (url, _, _):
+        base = url.replace("ws://", "http://")
+        assert httpx.get(base + "/metrics").status_code == 401
+        assert httpx.get(base + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+        assert httpx.get(base + "/health").status_code == 200
 
 
 def test_idle_timeout_closes_the_session(guarded) -> None:

@@ -60,8 +60,23 @@ def test_patch_semantics_keep_what_is_not_sent() -> None:
 
 
 def test_max_tokens_spellings_of_unlimited() -> None:
-    for value in ("inf", "unlimited", None, 0, -3, "many"):
+    for value in ("inf", "infinity", "unlimited", None):
         assert update({"max_output_tokens": value}).max_output_tokens == "inf"
+    assert update({"max_output_tokens": 64}).max_output_tokens == 64
+
+
+@pytest.mark.parametrize("session", [
+    {"max_output_tokens": 0}, {"max_output_tokens": -3}, {"max_output_tokens": "many"},
+    {"max_output_tokens": 1.5}, {"max_output_tokens": 10**30}, {"max_tokens": True},
+    {"temperature": 3}, {"temperature": "hot"}, {"speed": 0}, {"speed": "fast"}, {"idle_timeout_s": 0},
+    {"audio": "x"}, {"audio": {"input": []}}, {"audio": {"output": {"speed": [1]}}},
+    {"instructions": 5}, {"metadata": "m"}, {"tools": "all"}, {"include": [1]}, {"extra_body": []},
+    {"input_audio_transcription": "whisper"}, {"sample_rate_hz": "16k"}, {"overlap_short_ack_ms": -1},
+])
+def test_wrong_types_and_values_are_refused_naming_the_field(session: dict) -> None:
+    problem = error(session)
+    field = next(iter(session))
+    assert problem.code == "bad_event" and problem.param.split(".")[0] == field, problem.message
 
 
 def test_overlap_policy_derives_interrupt_response() -> None:

@@ -58,10 +58,11 @@ class AudioFormat:
 
 
 def check_rate(value: object, param: str = "sample_rate_hz") -> int | None:
-    """A rate from the wire: None if absent or non-numeric (ignored); ValueError if out of range."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """A rate from the wire: None if absent; ValueError if not an integer in range."""
+    if value is None:
         return None
-    if isinstance(value, float) and not value.is_integer():
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (isinstance(value, float) and not value.is_integer()):
         raise ValueError(f"{param} must be an integer")
     if not MIN_RATE <= value <= MAX_RATE:
         raise ValueError(f"{param} must be between {MIN_RATE} and {MAX_RATE}")
@@ -116,7 +117,10 @@ def bytes_to_float(data: bytes, fmt: AudioFormat) -> np.ndarray:
     if fmt.name == "pcm_f32le":
         if len(data) % 4:
             raise AudioDataError("pcm_f32le audio length must be a multiple of 4 bytes")
-        return np.frombuffer(data, dtype="<f4").astype(np.float32)
+        samples = np.frombuffer(data, dtype="<f4").astype(np.float32)
+        if not np.isfinite(samples).all():
+            raise AudioDataError("pcm_f32le audio contains NaN or infinite samples")
+        return np.clip(samples, -1.0, 1.0)  # louder than full scale is clipped, as a DAC would
     return _g711_to_float(data, "ulaw" if fmt.name == "g711_ulaw" else "alaw")
 
 

@@ -18,7 +18,14 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help="require 'Authorization: Bearer KEY' on /v1 routes (default: $VLLM_API_KEY)")
     serve.add_argument("--served-model-name", action="append",
                        help="name(s) clients use for the model (default: MODEL)")
+    serve.add_argument("--protect-metrics", action="store_true",
+                       help="/metrics requires the API key too (default: open, like /health)")
     serve.add_argument("--max-session-duration-s", type=float, default=3600.0)
+    serve.add_argument("--send-timeout-s", type=float,
+                       help="drop a client that reads nothing for this long while events wait for it (default 30)")
+    serve.add_argument("--max-history-audio-s", type=float,
+                       help="user speech a conversation keeps; beyond it the oldest turns lose their audio "
+                            "(default 1200)")
     serve.add_argument("--speaker", default="ethan", help="default voice")
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(run=serve_model)
@@ -41,10 +48,13 @@ def serve_model(args: argparse.Namespace) -> int:
     if deploy.session_mode != "turn":
         raise SystemExit("error: this server implements session_mode: turn; duplex mode is not available yet")
     engine = OmniEngine.from_pretrained(args.model, deploy)
+    limits = {"send_timeout_s": args.send_timeout_s, "max_history_audio_s": args.max_history_audio_s}
     settings = ServerSettings(
         served_model_names=args.served_model_name or [args.model], api_key=args.api_key,
         max_sessions=deploy.duplex_session.max_sessions, max_session_duration_s=args.max_session_duration_s,
-        vad_model_path=deploy.duplex_session.server_vad_model_path, default_speaker=args.speaker)
+        vad_model_path=deploy.duplex_session.server_vad_model_path, default_speaker=args.speaker,
+        protect_metrics=args.protect_metrics,
+        **{name: value for name, value in limits.items() if value is not None})
     app = create_app(engine, settings)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, ws_max_size=16 * 1024 * 1024,
                 ws_ping_interval=20, ws_ping_timeout=20)

@@ -1,43 +1,154 @@
-"""Client events (realtime-protocol.md §3) as pydantic models.
+"""Client events as strict pydantic models.
 
-Models accept extra keys (clients send fields this server does not use) and coerce
-nothing they cannot: a wrong type becomes a `bad_event` naming the field. Fields whose
-validation has its own error code (audio, formats, played_ms) stay loosely typed here and
-are checked where the code is known.
+Every field the protocol defines is declared with its type and bounds, and nothing is
+coerced: a wrong type or an out-of-range value is a `bad_event` naming the field, never a
+silently ignored value or an exception further in. Keys the protocol does not define are
+allowed (clients send fields this server does not use). Fields whose checks have an error
+code of their own (audio formats, turn detection, voices) are declared loosely here and
+checked where that code is known.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vllm_omni.protocol.errors import ProtocolError
 
-MAX_EVENT_BYTES = 15 * 1024 * 1024
+MAX_ID_CHARS = 512  # event, item and response ids
+MAX_REASON_CHARS = 256  # session.close reasons (a close frame carries at most 123 bytes of it)
+MAX_OUTPUT_TOKENS = 1_000_000
+
+Id = Annotated[str, Field(max_length=MAX_ID_CHARS)]
+Milliseconds = Annotated[float, Field(ge=0)]
+Probability = Annotated[float, Field(ge=0, le=1)]
+Rate = Annotated[int, Field(ge=8000, le=192000)]
+Speed = Annotated[float, Field(ge=0.25, le=4.0)]
+Temperature = Annotated[float, Field(ge=0, le=2)]
+TokenLimit = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)] | Literal["inf", "infinity", "unlimited"]
+ToolChoice = Literal["auto", "none", "required"] | dict[str, Any]
+FormatSpec = str | dict[str, Any]  # checked by session_config.parse_format (unsupported_audio_format)
 
 
-class ClientEvent(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+class WireModel(BaseModel):
+    """Strict types, finite numbers, unknown keys allowed."""
 
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False, populate_by_name=True)
+
+
+class ClientEvent(WireModel):
     type: str
-    event_id: str | None = None
+    event_id: Id | None = None
+
+
+# session.update ---------------------------------------------------------------------------
+
+class AudioInputSettings(WireModel):
+    format: Any = None  # parse_format
+    sample_rate_hz: Rate | None = None
+    sample_rate: Rate | None = None
+    turn_detection: Any = None  # parse_turn_detection
+    transcription: dict[str, Any] | None = None
+    noise_reduction: dict[str, Any] | None = None
+
+
+class AudioOutputSettings(WireModel):
+    format: Any = None  # parse_format
+    sample_rate_hz: Rate | None = None
+    sample_rate: Rate | None = None
+    voice: Any = None  # voice objects have their own message
+    speed: Speed | None = None
+
+
+class AudioSettings(WireModel):
+    input: AudioInputSettings | None = None
+    output: AudioOutputSettings | None = None
+
+
+class SessionSettings(WireModel):
+    """The `session` object of a session.update, GA nested and flat spellings alike."""
+
+    type: Literal["realtime", "transcription"] | None = None
+    model: Id | None = None
+    id: Id | None = None
+    session_id: Id | None = None
+    object: str | None = None
+    instructions: str | None = None
+    modalities: Any = None  # checked with its own message
+    output_modalities: Any = None
+    audio: AudioSettings | None = None
+    input_audio_format: Any = None
+    output_audio_format: Any = None
+    response_format: Any = None
+    sample_rate_hz: Rate | None = None
+    sample_rate: Rate | None = None
+    turn_detection: Any = None
+    input_audio_transcription: dict[str, Any] | None = None
+    input_audio_noise_reduction: dict[str, Any] | None = None
+    voice: Any = None
+    speed: Speed | None = None
+    max_output_tokens: TokenLimit | None = None
+    max_response_output_tokens: TokenLimit | None = None
+    max_tokens: TokenLimit | None = None
+    temperature: Temperature | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: ToolChoice | None = None
+    metadata: dict[str, Any] | None = None
+    include: list[str] | None = None
+    prompt: dict[str, Any] | None = None
+    tracing: str | dict[str, Any] | None = None
+    truncation: str | dict[str, Any] | None = None
+    idle_timeout_s: Annotated[float, Field(gt=0, le=86400)] | None = None
+    overlap_policy: str | None = None
+    overlap_short_ack_ms: Milliseconds | None = None
+    overlap_barge_in_ms: Milliseconds | None = None
+    overlap_silence_rms: Annotated[float, Field(ge=0)] | None = None
+    playback_commit_policy: str | None = None
+    extra_body: dict[str, Any] | None = None
+    ref_audio: str | None = None
+    initial_user_text: str | None = None
 
 
 class SessionUpdate(ClientEvent):
-    session: dict[str, Any] | None = None
+    session: dict[str, Any] | None = None  # validated as SessionSettings when applied
     model: Any = None  # legacy lane: top-level model
+
+
+# Input audio --------------------------------------------------------------------------------
+
+class VadHint(WireModel):
+    is_speech: bool | None = None
+    speech_probability: Probability | None = None
+    probability: Probability | None = None
+    silence_rms: Annotated[float, Field(ge=0)] | None = None
 
 
 class InputAudioBufferAppend(ClientEvent):
     audio: str | None = None
     delta: str | None = None  # alias of audio
-    input_audio_format: Any = None
-    format: Any = None
-    sample_rate_hz: Any = None
-    sample_rate: Any = None
+    input_audio_format: FormatSpec | None = None
+    format: FormatSpec | None = None
+    sample_rate_hz: int | None = None  # range checked with its own message
+    sample_rate: int | None = None
+    duration_ms: Milliseconds | None = None
+    audio_duration_ms: Milliseconds | None = None
+    audio_start_ms: Milliseconds | None = None
+    audio_end_ms: Milliseconds | None = None
+    is_speech: bool | None = None
+    speech: bool | None = None
+    speech_probability: Probability | None = None
+    vad: VadHint | None = None
+    overlap_silence_rms: Annotated[float, Field(ge=0)] | None = None
+    video_frames: list[str] | None = None
+    max_slice_nums: Literal[1] | None = None
+    overlap_action: str | None = None
+    overlap: str | None = None
+    force_barge_in: bool | None = None
+    force_listen: bool | None = None
     transcript: str | None = None
-    video_frames: Any = None
+    text: str | None = None
 
     @property
     def payload(self) -> str | None:
@@ -45,46 +156,119 @@ class InputAudioBufferAppend(ClientEvent):
 
 
 class InputAudioBufferCommit(ClientEvent):
-    final: Any = None
+    final: bool | None = None
     create_response: bool | None = None
     response_create: bool | None = None
+    is_speech: bool | None = None
+
+
+# Conversation items -------------------------------------------------------------------------
+
+class TextPart(WireModel):
+    type: Literal["input_text", "output_text", "text"]
+    text: str = ""
+
+
+class AudioPart(WireModel):
+    type: Literal["input_audio", "audio", "output_audio"]
+    audio: str | None = None
+    data: str | None = None  # alias of audio
+    format: FormatSpec | None = None
+    sample_rate_hz: int | None = None
+    transcript: str | None = None
+
+
+class ImagePart(WireModel):
+    type: Literal["input_image"]
+    image_url: str | None = None
+    detail: str | None = None
+
+
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|none|constrained-\w+|\w+\[.*\])$", re.IGNORECASE)
+PART_TAGS = ("input_text", "output_text", "text", "input_audio", "audio", "output_audio", "input_image")
+ContentPart = Annotated[TextPart | AudioPart | ImagePart, Field(discriminator="type")]
+
+
+class ItemPayload(WireModel):
+    id: Id | None = None
+    object: str | None = None
+    type: Literal["message", "function_call", "function_call_output"] = "message"
+    role: Literal["user", "assistant", "system"] = "user"
+    status: str | None = None
+    content: list[ContentPart] = Field(default_factory=list)
+    call_id: Id | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
 
 
 class ConversationItemCreate(ClientEvent):
-    previous_item_id: str | None = None
-    item: dict[str, Any] | None = None
+    previous_item_id: Id | None = None
+    item: ItemPayload | None = None
 
 
 class ItemReference(ClientEvent):
-    item_id: str | None = None
+    item_id: Id | None = None
 
 
 class ConversationItemTruncate(ItemReference):
-    content_index: int = 0
-    audio_end_ms: Any = None
+    content_index: Annotated[int, Field(ge=0)] = 0
+    audio_end_ms: Milliseconds | None = None
+
+
+# Responses ----------------------------------------------------------------------------------
+
+class ResponseAudioSettings(WireModel):
+    output: AudioOutputSettings | None = None
+
+
+class ResponseSettings(WireModel):
+    """Per-response overrides of response.create."""
+
+    output_modalities: list[str] | None = None
+    modalities: list[str] | None = None
+    instructions: str | None = None
+    voice: str | None = None
+    audio: ResponseAudioSettings | None = None
+    output_audio_format: FormatSpec | None = None
+    response_format: FormatSpec | None = None
+    speed: Speed | None = None
+    temperature: Temperature | None = None
+    max_output_tokens: TokenLimit | None = None
+    max_response_output_tokens: TokenLimit | None = None
+    max_tokens: TokenLimit | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: ToolChoice | None = None
+    metadata: dict[str, Any] | None = None
+    conversation: Literal["auto", "none"] | None = None
+    prompt: dict[str, Any] | None = None
+    input: list[Any] | None = None
+    extra_body: dict[str, Any] | None = None
 
 
 class ResponseCreate(ClientEvent):
-    response: dict[str, Any] = Field(default_factory=dict)
+    response: ResponseSettings = Field(default_factory=ResponseSettings)
 
 
 class ResponseReference(ClientEvent):
-    response_id: str | None = None
+    response_id: Id | None = None
 
 
 class PlaybackAck(ResponseReference):
-    item_id: str | None = None
-    played_ms: Any = None
-    committed_ms: Any = None
+    item_id: Id | None = None
+    played_ms: float | None = None  # negative counts as 0
+    committed_ms: float | None = None
     truncate: bool = False
 
 
+# Session control ----------------------------------------------------------------------------
+
 class SessionClose(ClientEvent):
-    reason: str | None = None
+    reason: Annotated[str, Field(max_length=MAX_REASON_CHARS)] | None = None
 
 
 class InputTextAppend(ClientEvent):
-    text: Any = None
+    text: str | None = None
 
 
 EVENT_MODELS: dict[str, type[ClientEvent]] = {
@@ -114,6 +298,19 @@ EVENT_MODELS: dict[str, type[ClientEvent]] = {
 }
 
 
+def validation_problem(exc: ValidationError, where: str, prefix: str = "") -> ProtocolError:
+    """The first problem pydantic found, as a `bad_event` naming the field."""
+    first = exc.errors()[0]
+    loc = first["loc"]
+    # Unions add the member they tried to the location ("max_tokens.constrained-int",
+    # "content.0.input_audio.audio"); those are not fields.
+    parts = [str(p) for i, p in enumerate(loc)
+             if not (isinstance(p, str) and (_UNION_MEMBER.match(p) or (i and isinstance(loc[i - 1], int)
+                                                                         and p in PART_TAGS)))]
+    param = ".".join(([prefix] if prefix else []) + parts)
+    return ProtocolError("bad_event", f"{where}: {param}: {first['msg']}", param or None)
+
+
 def parse_client_event(raw: dict[str, Any], known: dict[str, type[ClientEvent]] = EVENT_MODELS) -> ClientEvent:
     """Validate one decoded JSON object; raises ProtocolError (bad_event / unknown_event)."""
     kind = raw.get("type")
@@ -121,10 +318,13 @@ def parse_client_event(raw: dict[str, Any], known: dict[str, type[ClientEvent]] 
         raise ProtocolError("bad_event", "event must be an object with a string 'type'", "type")
     model = known.get(kind)
     if model is None:
-        raise ProtocolError("unknown_event", f"Unknown event type: {kind}", "type")
+        raise ProtocolError("unknown_event", f"Unknown event type: {kind[:100]}", "type")
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(part) for part in first["loc"])
-        raise ProtocolError("bad_event", f"{kind}: {param}: {first['msg']}", param) from None
+        raise validation_problem(exc, kind) from None
+
+
+def token_limit(value: int | str | None) -> int | Literal["inf"]:
+    """A validated TokenLimit as a number of tokens, or "inf"."""
+    return value if isinstance(value, int) else "inf"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vllm_omni.audio.formats import (
     DEFAULT_RATES,
@@ -20,11 +20,14 @@ from vllm_omni.audio.formats import (
     canonical_format,
     check_rate,
 )
+from vllm_omni.protocol.client_events import SessionSettings, token_limit, validation_problem
 from vllm_omni.protocol.errors import ProtocolError
 
 OUTPUT_RATE = 24000
 TURN_DETECTION_FIELDS = {"type", "threshold", "prefix_padding_ms", "silence_duration_ms", "create_response",
                          "interrupt_response", "idle_timeout_ms", "min_speech_duration_ms"}
+MAX_VAD_DURATION_MS = 60_000  # prefix padding, silence and minimum speech durations
+MAX_IDLE_TIMEOUT_MS = 86_400_000
 _UNSET = object()
 
 
@@ -119,8 +122,9 @@ def parse_format(value: Any, *, output: bool, param: str) -> AudioFormat:
     return AudioFormat(canonical, rate)
 
 
-def _is_duration(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+def _is_duration(value: Any, limit: float = MAX_VAD_DURATION_MS) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and 0 <= value <= limit
 
 
 def parse_turn_detection(value: Any, mode: str) -> TurnDetection | None:
@@ -141,22 +145,18 @@ def parse_turn_detection(value: Any, mode: str) -> TurnDetection | None:
         raise ProtocolError(code, "turn_detection.threshold must be in (0.15, 1]", param)
     for key in ("prefix_padding_ms", "silence_duration_ms", "min_speech_duration_ms"):
         if key in value and not _is_duration(value[key]):
-            raise ProtocolError(code, f"turn_detection.{key} must be a non-negative number", param)
+            raise ProtocolError(code, f"turn_detection.{key} must be a number of ms in "
+                                      f"[0, {MAX_VAD_DURATION_MS}]", param)
     idle = value.get("idle_timeout_ms")
-    if idle is not None and not (isinstance(idle, int) and not isinstance(idle, bool) and idle >= 0):
-        raise ProtocolError(code, "turn_detection.idle_timeout_ms must be a non-negative integer or null", param)
+    if idle is not None and not (isinstance(idle, int) and _is_duration(idle, MAX_IDLE_TIMEOUT_MS)):
+        raise ProtocolError(code, "turn_detection.idle_timeout_ms must be null or an integer number of ms in "
+                                  f"[0, {MAX_IDLE_TIMEOUT_MS}]", param)
     for key in ("create_response", "interrupt_response"):
         if key in value and not isinstance(value[key], bool):
             raise ProtocolError(code, f"turn_detection.{key} must be true or false", param)
     fields = {k: v for k, v in value.items() if k in TURN_DETECTION_FIELDS}
     fields.setdefault("interrupt_response", mode == "duplex")
     return TurnDetection(**fields)
-
-
-def _max_tokens(value: Any) -> int | Literal["inf"]:
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    return "inf"
 
 
 def _modalities(value: Any) -> list[str]:
@@ -169,6 +169,10 @@ def _modalities(value: Any) -> list[str]:
 def apply_session_update(current: SessionConfig, session: dict[str, Any], served_models: list[str],
                          mode: str = "turn") -> SessionConfig:
     """The configuration after `session` (the update's `session` object) is applied."""
+    try:  # types and bounds of every field first; fields with codes of their own are checked below
+        SessionSettings.model_validate(session)
+    except ValidationError as exc:
+        raise validation_problem(exc, "session.update") from None
     updates: dict[str, Any] = {}
     audio_in, audio_out = _get(session, "audio", "input"), _get(session, "audio", "output")
 
@@ -229,16 +233,13 @@ def apply_session_update(current: SessionConfig, session: dict[str, Any], served
         updates["voice"] = voice
     speed = _first(session.get("speed", _UNSET), _get(audio_out, "speed"))
     if speed is not _UNSET:
-        updates["speed"] = speed if isinstance(speed, (int, float)) and not isinstance(speed, bool) else None
+        updates["speed"] = speed
     tokens = _first(session.get("max_response_output_tokens", _UNSET), session.get("max_output_tokens", _UNSET),
                     session.get("max_tokens", _UNSET))
     if tokens is not _UNSET:
-        updates["max_output_tokens"] = _max_tokens(tokens)
+        updates["max_output_tokens"] = token_limit(tokens)
     if "temperature" in session:
-        temperature = session["temperature"]
-        if temperature is not None and (not isinstance(temperature, (int, float)) or temperature < 0):
-            raise ProtocolError("bad_event", "temperature must be a non-negative number or null", "temperature")
-        updates["temperature"] = temperature
+        updates["temperature"] = session["temperature"]
     if session.get("tools"):
         raise ProtocolError("invalid_duplex_runtime_config", "tool calling is not supported by this model", "tools")
     for key in ("tool_choice", "metadata", "include", "prompt", "tracing", "truncation"):
@@ -250,9 +251,8 @@ def apply_session_update(current: SessionConfig, session: dict[str, Any], served
     noise = _first(_get(audio_in, "noise_reduction"), session.get("input_audio_noise_reduction", _UNSET))
     if noise is not _UNSET:
         updates["noise_reduction"] = noise
-    idle = session.get("idle_timeout_s")
-    if isinstance(idle, (int, float)) and not isinstance(idle, bool) and idle > 0:
-        updates["idle_timeout_s"] = float(idle)
+    if session.get("idle_timeout_s") is not None:
+        updates["idle_timeout_s"] = float(session["idle_timeout_s"])
     if extra:
         updates["extra_body"] = {**current.extra_body, **extra}
     return current.model_copy(update=updates)

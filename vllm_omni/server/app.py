@@ -8,11 +8,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, WebSocket
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from vllm_omni.metrics import prometheus as metrics
+from vllm_omni.server.auth import UNAUTHORIZED, authorized
 from vllm_omni.server.realtime import RealtimeConnection, ServerSettings
 
 
@@ -32,6 +33,16 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
 
     app = FastAPI(title="vllm-omni", lifespan=lifespan)
 
+    @app.middleware("http")
+    async def require_api_key(request: Request, call_next: Any) -> Response:
+        """Every /v1 HTTP route (and /metrics when protected) checks the key before anything
+        else; WebSocket routes check it themselves before accepting."""
+        path = request.url.path
+        protected = path.startswith("/v1") or (settings.protect_metrics and path.startswith("/metrics"))
+        if protected and not authorized(request.headers, settings.api_key):
+            return JSONResponse(UNAUTHORIZED, status_code=401)
+        return await call_next(request)
+
     @app.get("/health")
     async def health() -> JSONResponse:
         dead = engine.unhealthy_stages()
@@ -41,7 +52,7 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
         return JSONResponse(body, status_code=503 if dead else 200)
 
     @app.get("/v1/models")
-    async def models(authorization: str | None = None) -> JSONResponse:
+    async def models() -> JSONResponse:
         return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": "vllm-omni"}
             for name in settings.served_model_names]})
@@ -56,6 +67,9 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
 
     @app.websocket("/v1/duplex")
     async def duplex(websocket: WebSocket) -> None:
+        if not authorized(websocket.headers, settings.api_key):
+            await websocket.send_denial_response(JSONResponse(UNAUTHORIZED, status_code=401))
+            return
         await websocket.accept()
         await websocket.send_json({"type": "error", "error": "Duplex API is not available", "code": "unsupported"})
         await websocket.close(1008, "unsupported")

@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from vllm_omni.engine.request import AudioInputStream, Message
 
 
@@ -16,8 +14,8 @@ class Item:
     role: str  # user | assistant | system
     status: str = "completed"
     text: str | None = None  # typed text (user/system) or the spoken transcript (assistant)
-    audio: np.ndarray | None = None  # user speech, 16 kHz float32
-    stream: AudioInputStream | None = None  # features computed while the user spoke
+    stream: AudioInputStream | None = None  # user speech as features, computed while it arrived
+    audio_ms: int = 0  # how much user speech the item was given
     transcript: str = ""  # user audio transcript (client hints; no ASR runs)
     audio_duration_ms: int = 0  # assistant audio generated
     text_cap_chars: int | None = None  # hard cap from truncation / barge-in
@@ -27,6 +25,11 @@ class Item:
         text = self.text or ""
         return text if self.text_cap_chars is None else text[: self.text_cap_chars]
 
+    @property
+    def held_audio_ms(self) -> int:
+        """User speech this item still holds for prompts (0 once it left the history)."""
+        return self.audio_ms if self.stream is not None else 0
+
     def to_wire(self) -> dict[str, Any]:
         content: list[dict[str, Any]] = []
         if self.role == "assistant":
@@ -34,7 +37,7 @@ class Item:
                 content.append({"type": "output_audio", "transcript": self.kept_text,
                                 "audio_duration_ms": self.audio_duration_ms})
         else:
-            if self.audio is not None or self.stream is not None:
+            if self.audio_ms:
                 content.append({"type": "input_audio", "transcript": self.transcript})
             if self.text:
                 content.append({"type": "input_text", "text": self.text})
@@ -64,6 +67,21 @@ class Conversation:
             self.items.remove(item)
         return item is not None
 
+    def drop_oldest_audio(self, max_ms: int) -> list[Item]:
+        """Keep at most `max_ms` of user speech: the oldest items lose theirs first (their
+        text stays), as the oldest turns leave a prompt that outgrows the context. The
+        newest item keeps its audio. Returns the items that lost audio."""
+        held = sum(item.held_audio_ms for item in self.items)
+        dropped = []
+        for item in self.items[:-1]:
+            if held <= max_ms:
+                break
+            if item.held_audio_ms:
+                held -= item.held_audio_ms
+                item.stream = None
+                dropped.append(item)
+        return dropped
+
     def messages(self, instructions: str | None) -> list[Message]:
         """The engine's view: system instructions, then every turn that says something."""
         messages = [Message("system", text=instructions)] if instructions else []
@@ -74,9 +92,6 @@ class Conversation:
             elif item.role == "system":
                 if item.text:
                     messages.append(Message("system", text=item.text))
-            elif item.stream is not None:
+            elif item.stream is not None or item.text:
                 messages.append(Message("user", text=item.text, audio_stream=item.stream))
-                item.stream = None  # its features are used once; later turns re-read the samples
-            elif item.audio is not None or item.text:
-                messages.append(Message("user", text=item.text, audio=item.audio))
         return messages

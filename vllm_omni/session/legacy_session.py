@@ -22,6 +22,8 @@ from vllm_omni.protocol.server_events import b64, flat_error
 
 logger = logging.getLogger(__name__)
 
+MAX_QUEUED_INPUT_BYTES = 16 * 1024 * 1024  # appends held until a `final:false` commit (as float32)
+
 
 class LegacySession:
     def __init__(self, engine: Any, served_models: list[str], *, emit: Callable[[dict[str, Any]], None],
@@ -73,6 +75,8 @@ class LegacySession:
         samples = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
         if self._stream is not None:
             self._stream.append(samples)
+        elif (sum(q.size for q in self._queued) + samples.size) * 4 > MAX_QUEUED_INPUT_BYTES:
+            self.error("input_backpressure", "queued input exceeds 16 MiB; commit it first")
         else:
             self._queued.append(samples)
 

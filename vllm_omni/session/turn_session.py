@@ -35,6 +35,10 @@ from vllm_omni.session.response import ResponseOptions, ResponseRun
 logger = logging.getLogger(__name__)
 
 MAX_PENDING_INPUT_BYTES = 16 * 1024 * 1024  # uncommitted input per session (as float32 samples)
+MAX_KEPT_RESPONSES = 64  # finished responses a session still answers playback acks for
+MIN_TURN_AUDIO_MS = 100  # shortest user audio a turn or item may hold (as the GA API requires)
+MIN_TURN_SAMPLES = MIN_TURN_AUDIO_MS * 16
+DEFAULT_MAX_HISTORY_AUDIO_S = 1200.0  # user speech a conversation keeps (as log-mel features: ~61 MB)
 
 CAPABILITIES = {
     "implementation_level": "turn_based_duplex", "chunk_period_ms": 1000,
@@ -52,13 +56,14 @@ CAPABILITIES = {
 class TurnSession:
     def __init__(self, engine: Any, config: SessionConfig, served_models: list[str], *,
                  emit: Callable[[dict[str, Any]], None], default_speaker: str, speakers: list[str],
-                 vad_model_path: str | None = None):
+                 vad_model_path: str | None = None, max_history_audio_s: float = DEFAULT_MAX_HISTORY_AUDIO_S):
         self.engine = engine
         self.config = config
         self.served_models = served_models
         self._emit = emit
         self.default_speaker, self.speakers = default_speaker, speakers
         self.vad_model_path = vad_model_path
+        self.max_history_audio_ms = int(max_history_audio_s * 1000)
         self.conversation = Conversation()
         self.epoch = 0
         self.turn_id = 0
@@ -182,7 +187,7 @@ class TurnSession:
             if result.should_commit:
                 self._segment_item = None
                 self._vad.reset()
-                self._commit(result.end_sample, item_id)
+                self._commit(result.end_sample, item_id, server_initiated=True)
                 if self.config.turn_detection.create_response:
                     self._respond_or_defer()
         if self._segment_item is None:
@@ -230,20 +235,27 @@ class TurnSession:
         if self._vad is not None:
             self._vad.reset()
 
-    def _commit(self, end_sample: int, item_id: str | None, allow_empty: bool = False) -> None:
-        """Seal pending input up to `end_sample` as a user item; emit the commit fan-out."""
+    def _commit(self, end_sample: int, item_id: str | None, server_initiated: bool = False) -> None:
+        """Seal pending input up to `end_sample` as a user item; emit the commit fan-out.
+        A client commit needs at least MIN_TURN_AUDIO_MS of audio (and keeps the buffer when
+        refused); a shorter server-initiated turn (server VAD, idle timeout: possibly empty)
+        is padded with silence to that length."""
         count = end_sample - self._pending.start
-        if count <= 0 and not allow_empty:
+        if count < MIN_TURN_SAMPLES and not server_initiated:
             raise ProtocolError("input_audio_buffer_empty",
-                                "input_audio_buffer.commit requires a non-empty input audio buffer")
+                                "input_audio_buffer.commit requires a non-empty input audio buffer" if count <= 0
+                                else f"input_audio_buffer.commit: the buffer holds {samples_to_ms(count)} ms of "
+                                     f"audio; at least {MIN_TURN_AUDIO_MS} ms is required")
         self._disarm_idle_timer()
         self._feed_stream(end_sample)
-        # An empty turn (idle timeout) reaches the model as 100 ms of silence: "the user said nothing".
-        audio = self._pending.take_until(end_sample) if count > 0 else np.zeros(1600, np.float32)
-        item = Item(id=item_id or new_id("item_"), role="user", audio=audio,
-                    stream=self._stream if count > 0 else None, transcript=" ".join(self._transcript_hints))
+        self._pending.drop_until(end_sample)
+        stream = self._stream if self._stream is not None else self.engine.create_audio_stream()
+        if count < MIN_TURN_SAMPLES:
+            stream.append(np.zeros(MIN_TURN_SAMPLES - max(count, 0), np.float32))
+        item = Item(id=item_id or new_id("item_"), role="user", stream=stream,
+                    audio_ms=samples_to_ms(max(count, MIN_TURN_SAMPLES)), transcript=" ".join(self._transcript_hints))
         self._stream, self._fed_until, self._transcript_hints = None, end_sample, []
-        previous = self.conversation.add(item)
+        previous = self._add_item(item, None)
         for kind in ("conversation.item.added", "conversation.item.created"):
             self.emit(event(kind, previous_item_id=previous, item=item.to_wire()))
         deferred = self.active is not None
@@ -288,49 +300,68 @@ class TurnSession:
 
     async def on_conversation_item_create(self, ev: ce.ConversationItemCreate) -> None:
         raw = ev.item
-        if not isinstance(raw, dict):
+        if raw is None:
             raise ProtocolError("bad_event", "conversation.item.create requires item", "item")
-        if raw.get("type", "message") != "message":
-            if raw.get("type") == "function_call_output":
-                raise ProtocolError("invalid_function_call_output", "no function call of this session matches",
-                                    "item.call_id")
-            raise ProtocolError("bad_event", f"unsupported item type {raw.get('type')!r}", "item.type")
-        role = raw.get("role", "user")
-        if role not in ("user", "assistant", "system"):
-            raise ProtocolError("bad_event", f"unsupported item role {role!r}", "item.role")
-        item = Item(id=raw.get("id") or new_id("item_"), role=role)
+        if raw.type == "function_call_output":
+            raise ProtocolError("invalid_function_call_output", "no function call of this session matches",
+                                "item.call_id")
+        if raw.type != "message":
+            raise ProtocolError("bad_event", f"unsupported item type {raw.type!r}", "item.type")
+        if raw.id is not None and self.conversation.find(raw.id) is not None:
+            raise ProtocolError("bad_event", f"an item with id {raw.id!r} already exists", "item.id")
+        item = Item(id=raw.id or new_id("item_"), role=raw.role)
         texts, audio = [], []
-        for part in raw.get("content") or []:
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind in ("input_text", "output_text", "text"):
-                texts.append(str(part.get("text", "")))
-            elif kind in ("input_audio", "audio") and role == "user":
-                audio.append(self._item_audio(part))
-                item.transcript = part.get("transcript") or item.transcript
-            elif kind == "input_image":
-                raise ProtocolError("unsupported", "this model does not take image input", "item.content")
+        for index, part in enumerate(raw.content):
+            where = f"item.content.{index}"
+            if isinstance(part, ce.TextPart):
+                texts.append(part.text)
+            elif isinstance(part, ce.ImagePart):
+                raise ProtocolError("unsupported", "this model does not take image input", where)
+            elif raw.role != "user":
+                raise ProtocolError("bad_event", f"{raw.role} items cannot carry audio", where)
+            else:
+                audio.append(self._item_audio(part, where))
+                item.transcript = part.transcript or item.transcript
         item.text = "".join(texts) or None
         if audio:
-            item.audio = np.concatenate(audio)
-        previous = self._insert(item, ev.previous_item_id)
+            samples = np.concatenate(audio)
+            if samples.size < MIN_TURN_SAMPLES:
+                raise ProtocolError("bad_audio", f"item audio is {samples_to_ms(samples.size)} ms long; at least "
+                                    f"{MIN_TURN_AUDIO_MS} ms is required", "item.content")
+            item.stream = self.engine.create_audio_stream()
+            await asyncio.to_thread(item.stream.append, samples)  # features of a long clip: off the event loop
+            item.audio_ms = samples_to_ms(samples.size)
+        previous = self._add_item(item, ev.previous_item_id)
         for kind in ("conversation.item.added", "conversation.item.created"):
             self.emit(event(kind, previous_item_id=previous, item=item.to_wire()))
-        if item.audio is not None:
+        if audio:
             self.emit(event("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id))
         self.emit(event("conversation.item.done", previous_item_id=previous, item=item.to_wire()))
-        if role == "user":
+        if raw.role == "user":
             self._unanswered = True
 
-    def _item_audio(self, part: dict[str, Any]) -> np.ndarray:
-        fmt = parse_format(part["format"], output=False, param="item.content.format") if part.get("format") \
+    def _item_audio(self, part: ce.AudioPart, where: str) -> np.ndarray:
+        """One audio part decoded to 16 kHz samples; empty parts are refused."""
+        fmt = parse_format(part.format, output=False, param=f"{where}.format") if part.format is not None \
             else AudioFormat("pcm16", 16000)
-        rate = check_rate(part.get("sample_rate_hz"))
-        if rate is not None:
-            fmt = AudioFormat(fmt.name, rate)
         try:
-            return InputConverter().convert(decode_base64(part.get("audio") or part.get("data") or ""), fmt)
+            rate = check_rate(part.sample_rate_hz)
+            if rate is not None:
+                fmt = AudioFormat(fmt.name, rate)
+            samples = InputConverter().convert(decode_base64(part.audio or part.data or ""), fmt)
         except AudioDataError as exc:
-            raise ProtocolError("bad_audio", str(exc), "item.content.audio") from None
+            raise ProtocolError("bad_audio", str(exc), f"{where}.audio") from None
+        except ValueError as exc:
+            raise ProtocolError("bad_event", str(exc), f"{where}.sample_rate_hz") from None
+        if samples.size == 0:
+            raise ProtocolError("bad_audio", "item audio is empty", f"{where}.audio")
+        return samples
+
+    def _add_item(self, item: Item, previous_item_id: str | None) -> str | None:
+        """Insert `item`; user speech beyond the session's cap leaves the history oldest-first."""
+        previous = self._insert(item, previous_item_id)
+        self.conversation.drop_oldest_audio(self.max_history_audio_ms)
+        return previous
 
     def _insert(self, item: Item, previous_item_id: str | None) -> str | None:
         if previous_item_id is None:
@@ -371,10 +402,9 @@ class TurnSession:
         if ev.content_index != 0:
             raise ProtocolError("bad_event", "conversation.item.truncate content_index out of range",
                                 "content_index")
-        end = ev.audio_end_ms
-        if isinstance(end, bool) or not isinstance(end, (int, float)) or end < 0:
-            raise ProtocolError("bad_event", "audio_end_ms must be a non-negative number", "audio_end_ms")
-        end = int(end)
+        if ev.audio_end_ms is None:
+            raise ProtocolError("bad_event", "conversation.item.truncate requires audio_end_ms", "audio_end_ms")
+        end = int(ev.audio_end_ms)
         if end > item.audio_duration_ms:
             raise ProtocolError("bad_event", "audio_end_ms exceeds item audio duration", "audio_end_ms")
         run = next((r for r in self.responses.values() if r.item is item), None)
@@ -401,13 +431,16 @@ class TurnSession:
         nested = overrides.get("audio", {}).get("output", {}) if isinstance(overrides.get("audio"), dict) else {}
         out_fmt = out_fmt if out_fmt is not None else nested.get("format")
         voice = overrides.get("voice", nested.get("voice", cfg.voice))
+        if voice is not None and not isinstance(voice, str):
+            raise ProtocolError("bad_event", "voice must be a name (voice objects are not supported)",
+                                "response.audio.output.voice")
         if overrides.get("tools"):
             raise ProtocolError("invalid_duplex_runtime_config", "tool calling is not supported by this model",
                                 "response.tools")
-        tokens = next((overrides[k] for k in ("max_output_tokens", "max_response_output_tokens", "max_tokens")
-                       if k in overrides), cfg.max_output_tokens)
-        limited = isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0
-        speaker = voice.lower() if isinstance(voice, str) and voice.lower() in self.speakers \
+        tokens = ce.token_limit(next((overrides[k] for k in ("max_output_tokens", "max_response_output_tokens",
+                                                             "max_tokens") if k in overrides), cfg.max_output_tokens))
+        limited = isinstance(tokens, int)
+        speaker = voice.lower() if voice is not None and voice.lower() in self.speakers \
             else self.default_speaker
         metadata = overrides.get("metadata") if isinstance(overrides.get("metadata"), dict) else \
             (cfg.metadata if isinstance(cfg.metadata, dict) else {})
@@ -426,7 +459,7 @@ class TurnSession:
         if not self._unanswered:
             raise ProtocolError("response_create_without_input",
                                 "response.create requires committed audio or text to answer")
-        self._start_response(self._options(ev.response or {}))
+        self._start_response(self._options(ev.response.model_dump(exclude_unset=True)))
 
     def _respond_or_defer(self) -> None:
         if self.active is not None:
@@ -460,6 +493,8 @@ class TurnSession:
     def _response_done(self, run: ResponseRun) -> None:
         if self.active is run:
             self.active = None
+        while len(self.responses) > MAX_KEPT_RESPONSES:  # acks and cancels name recent responses only
+            del self.responses[next(iter(self.responses))]
         if run.status == "completed":
             self._arm_idle_timer(run)
         if self._deferred and run.status == "completed" and self._unanswered:
@@ -491,7 +526,7 @@ class TurnSession:
         self.emit(event("input_audio_buffer.timeout_triggered", audio_start_ms=samples_to_ms(self._pending.start),
                         audio_end_ms=samples_to_ms(self.timeline), item_id=item_id))
         self._vad.reset()
-        self._commit(self.timeline, item_id, allow_empty=True)
+        self._commit(self.timeline, item_id, server_initiated=True)
         if self.config.turn_detection.create_response:
             self._respond_or_defer()
 
@@ -531,11 +566,10 @@ class TurnSession:
         run = self.responses.get(response_id) if response_id else (self.active or self.last_response)
         if run is None:
             raise ProtocolError("playback_item_not_found", "no assistant item for that response", "response_id")
-        played = ev.played_ms
-        if isinstance(played, bool) or not isinstance(played, (int, float)):
+        if ev.played_ms is None:
             raise ProtocolError("bad_event", "playback.ack requires numeric played_ms", "played_ms")
-        played = max(0, int(played))
-        committed = ev.committed_ms if isinstance(ev.committed_ms, (int, float)) else played
+        played = max(0, int(ev.played_ms))
+        committed = max(0, int(ev.committed_ms)) if ev.committed_ms is not None else played
         run.playback["played_ms"] = max(run.playback["played_ms"], played)
         run.playback["committed_ms"] = max(run.playback["committed_ms"], int(committed))
         if ev.truncate:
@@ -584,3 +618,5 @@ class TurnSession:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.active = None
+        self.conversation.items.clear()  # what the session holds goes with it
+        self._drop_input()
