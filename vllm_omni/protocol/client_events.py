@@ -67,7 +67,21 @@ class AudioSettings(WireModel):
     output: AudioOutputSettings | None = None
 
 
-class SessionSettings(WireModel):
+class GenerationSettings(WireModel):
+    """What a session sets for every response and a response.create may override."""
+
+    speed: Speed | None = None
+    max_output_tokens: TokenLimit | None = None
+    max_response_output_tokens: TokenLimit | None = None
+    max_tokens: TokenLimit | None = None
+    temperature: Temperature | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: ToolChoice | None = None
+    metadata: dict[str, Any] | None = None
+    prompt: dict[str, Any] | None = None
+
+
+class SessionSettings(GenerationSettings):
     """The `session` object of a session.update, GA nested and flat spellings alike."""
 
     type: Literal["realtime", "transcription"] | None = None
@@ -88,16 +102,7 @@ class SessionSettings(WireModel):
     input_audio_transcription: dict[str, Any] | None = None
     input_audio_noise_reduction: dict[str, Any] | None = None
     voice: Any = None
-    speed: Speed | None = None
-    max_output_tokens: TokenLimit | None = None
-    max_response_output_tokens: TokenLimit | None = None
-    max_tokens: TokenLimit | None = None
-    temperature: Temperature | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: ToolChoice | None = None
-    metadata: dict[str, Any] | None = None
     include: list[str] | None = None
-    prompt: dict[str, Any] | None = None
     tracing: str | dict[str, Any] | None = None
     truncation: str | dict[str, Any] | None = None
     idle_timeout_s: Annotated[float, Field(gt=0, le=86400)] | None = None
@@ -222,7 +227,7 @@ class ResponseAudioSettings(WireModel):
     output: AudioOutputSettings | None = None
 
 
-class ResponseSettings(WireModel):
+class ResponseSettings(GenerationSettings):
     """Per-response overrides of response.create."""
 
     output_modalities: list[str] | None = None
@@ -232,16 +237,7 @@ class ResponseSettings(WireModel):
     audio: ResponseAudioSettings | None = None
     output_audio_format: FormatSpec | None = None
     response_format: FormatSpec | None = None
-    speed: Speed | None = None
-    temperature: Temperature | None = None
-    max_output_tokens: TokenLimit | None = None
-    max_response_output_tokens: TokenLimit | None = None
-    max_tokens: TokenLimit | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: ToolChoice | None = None
-    metadata: dict[str, Any] | None = None
     conversation: Literal["auto", "none"] | None = None
-    prompt: dict[str, Any] | None = None
     input: list[Any] | None = None
     extra_body: dict[str, Any] | None = None
 
