@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--model", help="checkpoint folder (default: build the tiny one)")
     parser.add_argument("--deploy-configs", default="qwen3_omni_tiny_cpu_torch,qwen3_omni_tiny_cpu",
                         help="comma-separated bundled config names, measured in this order")
-    parser.add_argument("--wav", default=str(REPO.parent / "shared/fixtures/speech_en_single.wav"))
+    parser.add_argument("--wav", default=str(REPO / "tests/data/speech_en_single.wav"))
     parser.add_argument("--thinker-tokens", type=int, default=32)
     parser.add_argument("--min-audio-s", type=float, default=10.0)
     parser.add_argument("--repeats", type=int, default=3)

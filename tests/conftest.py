@@ -1,4 +1,4 @@
-"""Shared test fixtures: audio from shared/fixtures and one tiny checkpoint per session."""
+"""Shared test fixtures: audio from tests/data and one tiny checkpoint per session."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 REPO = Path(__file__).resolve().parents[1]
-AUDIO_FIXTURE_DIRS = (REPO / "tests" / "data", REPO.parent / "shared" / "fixtures")
+DATA = REPO / "tests" / "data"  # see tests/data/README.md
 
 
 def audio_fixture_path(name: str) -> Path:
-    for folder in AUDIO_FIXTURE_DIRS:
-        if (folder / name).is_file():
-            return folder / name
-    raise FileNotFoundError(f"audio fixture {name} not found in {[str(d) for d in AUDIO_FIXTURE_DIRS]}")
+    path = DATA / name
+    if not path.is_file():
+        raise FileNotFoundError(f"audio fixture {name} not found in {DATA}")
+    return path
 
 
 def read_fixture_pcm(name: str) -> np.ndarray:

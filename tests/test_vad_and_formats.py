@@ -1,4 +1,4 @@
-"""Silero VAD endpointing on the shared fixtures, and the audio format conversions."""
+"""Silero VAD endpointing on the audio fixtures, and the audio format conversions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.conftest import AUDIO_FIXTURE_DIRS, read_fixture_pcm
+from tests.conftest import DATA, read_fixture_pcm
 from vllm_omni.audio.formats import AudioDataError, AudioFormat, InputConverter, decode_base64, encode_output
 from vllm_omni.audio.resample import StreamingResampler
 from vllm_omni.audio.silero_vad import (
@@ -23,8 +23,7 @@ from vllm_omni.audio.silero_vad import (
 
 
 def silero_probs() -> dict:
-    folder = next(d for d in AUDIO_FIXTURE_DIRS if (d / "silero_frame_probs.json").is_file())
-    return json.loads((folder / "silero_frame_probs.json").read_text())["probs"]
+    return json.loads((DATA / "silero_frame_probs.json").read_text())["probs"]
 
 
 def segments(name: str) -> list[tuple[int, int]]:
