@@ -135,6 +135,7 @@ class RealtimeConnection:
         self._early_chars = 0
         self._holds_slot = False  # counted in `sessions`
         self._close_reason = "session_ended"
+        self._work_stopped = False
 
     async def serve(self) -> None:
         ws = self.websocket
@@ -179,8 +180,12 @@ class RealtimeConnection:
             await self._teardown()
 
     async def _stop_work(self) -> None:
-        """Cancel everything the session started (bounded: a stuck engine call cannot keep the slot)."""
-        session, self.session = self.session or self.turn, None
+        """Cancel everything the session started, once (bounded: a stuck engine call cannot
+        keep the slot). `_end` stops it early and `_teardown` runs after every session."""
+        if self._work_stopped:
+            return
+        self._work_stopped = True
+        session = self.session or self.turn
         if session is not None:
             try:
                 await asyncio.wait_for(session.close(), STOP_TIMEOUT_S)
