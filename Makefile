@@ -11,6 +11,7 @@ setup:
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/python scripts/check_structure.py
 
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 from vllm_omni.config import get_deploy_config_path, load_deploy_config  # noqa: E402
 from vllm_omni.engine import Message, OmniEngine, OmniRequest, RequestFinished  # noqa: E402
 from vllm_omni.models.qwen3_omni.checkpoint import load_checkpoint  # noqa: E402
-from vllm_omni.models.qwen3_omni.pipeline import Qwen3OmniPipeline  # noqa: E402
+from vllm_omni.models.qwen3_omni.family import Qwen3OmniFamily  # noqa: E402
 
 
 def request(i: int, modalities: tuple[str, ...], tokens: int) -> OmniRequest:
@@ -63,14 +63,14 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/batching.json"))
     args = parser.parse_args()
     if not (Path(args.model) / "model.safetensors").is_file():
-        from vllm_omni.models.qwen3_omni.tiny_checkpoint import build_tiny_checkpoint
+        from vllm_omni.models.qwen3_omni.tiny.checkpoint import build_tiny_checkpoint
 
         build_tiny_checkpoint(args.model)
     checkpoint = load_checkpoint(args.model)
     results = {}
     for backend, config in (("torch", "qwen3_omni_tiny_cpu_torch"), ("vllm", "qwen3_omni_tiny_cpu")):
         deploy = load_deploy_config(get_deploy_config_path(config), platform="cpu")
-        engine = OmniEngine(Qwen3OmniPipeline(checkpoint, deploy), deploy)
+        engine = OmniEngine(Qwen3OmniFamily(checkpoint, deploy))
         try:
             for label, modalities in (("text", ("text",)), ("speech", ("text", "audio"))):
                 results[f"{backend}, {label}"] = asyncio.run(measure(engine, modalities, args.tokens,

@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/fault_injection.json"))
     args = parser.parse_args()
     if not (Path(args.model) / "model.safetensors").is_file():
-        from vllm_omni.models.qwen3_omni.tiny_checkpoint import build_tiny_checkpoint
+        from vllm_omni.models.qwen3_omni.tiny.checkpoint import build_tiny_checkpoint
 
         build_tiny_checkpoint(args.model)
     engine = make_engine(load_checkpoint(args.model, bridge_only=True), thinker_backend="vllm",

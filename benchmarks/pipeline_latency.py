@@ -33,8 +33,8 @@ sys.path.insert(0, str(REPO))
 from vllm_omni.config import get_deploy_config_path, load_deploy_config  # noqa: E402
 from vllm_omni.engine import AudioChunk, Message, OmniEngine, OmniRequest, RequestFinished  # noqa: E402
 from vllm_omni.models.qwen3_omni.checkpoint import load_checkpoint  # noqa: E402
-from vllm_omni.models.qwen3_omni.code2wav_streaming import make_code2wav_stream  # noqa: E402
-from vllm_omni.models.qwen3_omni.pipeline import Qwen3OmniPipeline  # noqa: E402
+from vllm_omni.models.qwen3_omni.family import Qwen3OmniFamily  # noqa: E402
+from vllm_omni.models.qwen3_omni.torch_backend.code2wav import make_code2wav_stream  # noqa: E402
 
 FRAME_S = 0.08
 
@@ -112,7 +112,7 @@ def main() -> None:
 
     model = args.model
     if model is None:
-        from vllm_omni.models.qwen3_omni.tiny_checkpoint import build_tiny_checkpoint
+        from vllm_omni.models.qwen3_omni.tiny.checkpoint import build_tiny_checkpoint
 
         model = str(REPO / ".models/qwen3_omni_tiny")
         if not (Path(model) / "model.safetensors").is_file():
@@ -126,10 +126,10 @@ def main() -> None:
     for config_name in args.deploy_configs.split(","):
         deploy = load_deploy_config(get_deploy_config_path(config_name), platform="cpu")
         backends = "/".join(stage.backend for stage in deploy.stages)
-        engine = OmniEngine(Qwen3OmniPipeline(checkpoint, deploy), deploy)
+        engine = OmniEngine(Qwen3OmniFamily(checkpoint, deploy))
         try:
             for async_chunk in (True, False):
-                engine.pipeline.set_async_chunk(async_chunk)
+                engine.family.set_async_chunk(async_chunk)
                 asyncio.run(time_engine(engine, audio, args.thinker_tokens, talker_tokens))  # warm-up
                 runs = [asyncio.run(time_engine(engine, audio, args.thinker_tokens, talker_tokens))
                         for _ in range(args.repeats)]

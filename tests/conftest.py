@@ -35,7 +35,7 @@ def read_fixture_pcm(name: str) -> np.ndarray:
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from vllm_omni.models.qwen3_omni.tiny_checkpoint import build_tiny_checkpoint
+    from vllm_omni.models.qwen3_omni.tiny.checkpoint import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_qwen3_omni"), seed=0)
 

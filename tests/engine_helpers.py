@@ -13,12 +13,12 @@ import pytest
 
 from vllm_omni.config import get_deploy_config_path, load_deploy_config
 from vllm_omni.engine import AudioChunk, Message, OmniEngine, OmniRequest, RequestError, RequestFinished, TextDelta
-from vllm_omni.models.qwen3_omni.pipeline import Qwen3OmniPipeline
-from vllm_omni.models.qwen3_omni.stages import CodecFrame
+from vllm_omni.models.qwen3_omni.family import Qwen3OmniFamily
+from vllm_omni.models.qwen3_omni.messages import CodecFrame
 
 
-class RecordingPipeline(Qwen3OmniPipeline):
-    """The real pipeline, also keeping each request's codec frames for comparison."""
+class RecordingFamily(Qwen3OmniFamily):
+    """The real family, also keeping each request's codec frames for comparison."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -59,7 +59,7 @@ def make_engine(checkpoint, *, async_chunk: bool = True, first: int = 4, later: 
         stages = [s.model_copy(update={"engine_args": s.engine_args.model_copy(
             update={"max_num_seqs": max_num_seqs})}) for s in stages]
     deploy = deploy.model_copy(update={"async_chunk": async_chunk, "connectors": connectors, "stages": stages})
-    return OmniEngine(RecordingPipeline(checkpoint, deploy, code2wav_mode=code2wav_mode), deploy)
+    return OmniEngine(RecordingFamily(checkpoint, deploy, code2wav_mode=code2wav_mode))
 
 
 async def run_request(engine: OmniEngine, request: OmniRequest) -> dict[str, Any]:
@@ -74,18 +74,18 @@ async def run_request(engine: OmniEngine, request: OmniRequest) -> dict[str, Any
             final = output
     pcm = np.frombuffer(b"".join(c.pcm16 for c in chunks), dtype="<i2").astype(np.int32)
     return {"text": text, "final": final, "pcm": pcm, "chunks": chunks,
-            "codes": engine.pipeline.codes_of(request.request_id)}
+            "codes": engine.family.codes_of(request.request_id)}
 
 
 @contextmanager
 def async_chunk_set_to(engine: OmniEngine, on: bool) -> Iterator[None]:
     """Requests started inside see `async_chunk` = `on` (the setting is read per request)."""
-    saved = engine.pipeline.deploy.async_chunk
-    engine.pipeline.set_async_chunk(on)
+    saved = engine.family.deploy.async_chunk
+    engine.family.set_async_chunk(on)
     try:
         yield
     finally:
-        engine.pipeline.set_async_chunk(saved)
+        engine.family.set_async_chunk(saved)
 
 
 async def wait_until_idle(engine: OmniEngine, timeout_s: float = 1.0) -> None:

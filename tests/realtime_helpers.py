@@ -16,9 +16,9 @@ from vllm_omni.client.connection import RealtimeConnection as Client
 from vllm_omni.client.streaming import append_events as client_append_events
 from vllm_omni.config import get_deploy_config_path, load_deploy_config, modify_stage_config
 from vllm_omni.engine import OmniEngine
-from vllm_omni.models.qwen3_omni.pipeline import Qwen3OmniPipeline
+from vllm_omni.models.qwen3_omni.family import Qwen3OmniFamily
 from vllm_omni.server.app import create_app
-from vllm_omni.server.realtime import ServerSettings
+from vllm_omni.server.settings import ServerSettings
 
 MODEL_NAME = "qwen3-omni-tiny"
 
@@ -34,7 +34,7 @@ def running_server(checkpoint, overrides: dict[str, Any], **settings: Any):
     """Serve the tiny checkpoint with the tiny CPU config plus `overrides`; yield the ws URL."""
     path = modify_stage_config(get_deploy_config_path("qwen3_omni_tiny_cpu_torch"), overrides)
     deploy = load_deploy_config(path, platform="cpu")
-    engine = OmniEngine(Qwen3OmniPipeline(checkpoint, deploy), deploy)
+    engine = OmniEngine(Qwen3OmniFamily(checkpoint, deploy))
     with serving(engine, **settings) as served:
         yield served
 

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from vllm_omni.client import events
 from vllm_omni.client.collector import collect
 from vllm_omni.client.session_setup import flat_session_update, ga_session_update
 from vllm_omni.client.streaming import append_events
 from vllm_omni.client.timing import response_metrics, session_summary, summarize
 from vllm_omni.client.url import realtime_url
 from vllm_omni.client.wav import WavError, read_pcm16, wav_data_url, write_pcm16
+from vllm_omni.protocol.client_events import SessionSettings, parse_client_event
 
 
 def test_realtime_url_maps_schemes_and_adds_parameters() -> None:
@@ -73,6 +75,25 @@ def test_session_updates_in_both_shapes() -> None:
     flat = flat_session_update(model="m", ref_audio="data:audio/wav;base64,AAAA")
     assert flat["session"]["turn_detection"] is None and flat["session"]["input_audio_format"] == "pcm16"
     assert flat["session"]["ref_audio"].startswith("data:")
+    plain = ga_session_update()["session"]["audio"]
+    assert plain["input"]["turn_detection"] is None and "voice" not in plain["output"]  # null sent, unset left out
+
+
+def test_client_events_are_the_protocols_own() -> None:
+    """What the client sends parses, field for field, as the server's models of those events."""
+    assert events.input_audio_commit() == {"type": "input_audio_buffer.commit"}
+    assert events.response_create() == {"type": "response.create"}
+    assert events.session_close() == {"type": "session.close"}
+    assert events.playback_ack("r1", 640) == {"type": "playback.ack", "response_id": "r1", "item_id": "item_r1",
+                                              "played_ms": 640, "committed_ms": 640}
+    updates = [ga_session_update(model="m", server_vad=True, voice="Ethan", vad={"threshold": 0.6}),
+               flat_session_update(model="m", instructions="hi", ref_audio="data:audio/wav;base64,AAAA")]
+    sent = [*updates, *append_events(b"\0\0" * 16 * 1200, frames=[["f0"]]), events.input_audio_commit(),
+            events.response_create(), events.playback_ack("r1", 640), events.session_close()]
+    for event in sent:
+        assert parse_client_event(event).model_dump(exclude_unset=True) == event
+    for update in updates:
+        SessionSettings.model_validate(update["session"])
 
 
 def test_frames_ride_the_appends_that_close_model_units() -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vllm_omni.audio.pcm import float_to_pcm16
-from vllm_omni.models.qwen3_omni.code2wav_streaming import make_code2wav_stream
+from vllm_omni.models.qwen3_omni.torch_backend.code2wav import make_code2wav_stream
 
 FRAMES = 120
 

@@ -41,11 +41,24 @@ def test_wrong_type_names_file_and_key_path(tmp_path: Path) -> None:
      "stages[1].stage_id: duplicate stage_id 0 (also stages[0])"),
     ({"stages": [stage(0)], "connectors": [{"name": "a", "from_stage": 0, "to_stage": 5}]},
      "connectors[0].to_stage: no stage with stage_id 5"),
-    ({"stages": [stage(0, input_connectors=["nowhere"])]},
-     "stages[0].input_connectors[0]: no connector named 'nowhere'"),
-    ({"stages": [stage(0), stage(1, "talker", input_connectors=["a"])],
-      "connectors": [{"name": "a", "from_stage": 1, "to_stage": 0}]},
-     "stages[1].input_connectors[0]: connector 'a' feeds stage 0, not this stage (1)"),
+    ({"stages": [stage(0), stage(1, "talker")],
+      "connectors": [{"name": "a", "from_stage": 0, "to_stage": 1}, {"name": "b", "from_stage": 0, "to_stage": 1}]},
+     "connectors[1]: connector 'b' joins stage 0 to stage 1, as connectors[0] ('a') already does"),
+    ({"stages": [stage(0), stage(1, "talker")],
+      "connectors": [{"name": "a", "from_stage": 0, "to_stage": 1}, {"name": "a", "from_stage": 1, "to_stage": 0}]},
+     "connectors[1].name: duplicate name 'a' (also connectors[0])"),
+    # Keys that were validated and then ignored are gone: a file that sets one fails to load.
+    ({"stages": [stage(0, replicas=2)]}, "stages[0].replicas: unknown key"),
+    ({"stages": [stage(0, input_connectors=["a"])]}, "stages[0].input_connectors: unknown key"),
+    ({"stages": [stage(0)], "session_defaults": {"vad_threshold": 1.5}},
+     "session_defaults.vad_threshold: input should be less than 1"),
+    ({"stages": [stage(0)], "duplex_session": {"vad_threshold": 1.5}},  # the deprecated name, as written
+     "duplex_session.vad_threshold: input should be less than 1"),
+    ({"stages": [stage(0)], "duplex_session": {"max_sessions": 2}, "session_defaults": {"max_sessions": 3}},
+     "duplex_session and session_defaults are both given (duplex_session is the deprecated name of "
+     "session_defaults); keep only session_defaults"),
+    ({"stages": [stage(0)], "platforms": {"cuda": {"duplex_session": {}, "session_defaults": {}}}},
+     "platforms.cuda.duplex_session and platforms.cuda.session_defaults are both given"),
     ({"stages": [stage(0)], "connectors": [{"name": "a", "from_stage": 0, "to_stage": 0,
                                             "extra": {"codec_chunk_frames": 0}}]},
      "connectors[0].extra.codec_chunk_frames: input should be greater than 0"),
@@ -102,9 +115,9 @@ def test_unknown_platform_argument(tmp_path: Path) -> None:
 
 
 def test_all_problems_of_a_file_are_reported_together(tmp_path: Path) -> None:
-    path = write(tmp_path, "many.yaml", {"colour": "red", "stages": [stage(0, replicas=0)]})
+    path = write(tmp_path, "many.yaml", {"colour": "red", "stages": [stage(0, devices=[-1])]})
     message = error_of(path)
-    assert "colour: unknown key" in message and "stages[0].replicas" in message
+    assert "colour: unknown key" in message and "stages[0].devices[0]" in message
 
 
 def test_modify_stage_config_rejects_bad_override(tmp_path: Path) -> None:

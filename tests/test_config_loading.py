@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 
 from tests.config_helpers import stage, write
-from vllm_omni.config import get_deploy_config_path, load_deploy_config, modify_stage_config
+from vllm_omni.cli.serve_cmd import turn_detection_defaults
+from vllm_omni.config import (
+    ConfigError,
+    config_to_yaml,
+    get_deploy_config_path,
+    load_deploy_config,
+    modify_stage_config,
+)
 from vllm_omni.config import loader as loader_module
 from vllm_omni.config.schema import PLATFORMS
 
@@ -128,3 +136,47 @@ def test_modify_stage_config_defaults_to_a_temp_file() -> None:
                                   {"session_mode": "duplex"})
     assert derived.is_file()
     assert load_deploy_config(derived, platform="cuda").session_mode == "duplex"
+
+
+def test_session_defaults_reach_the_server_as_turn_detection_defaults(tmp_path: Path) -> None:
+    """serve_cmd hands them to ServerSettings.turn_detection_defaults, in the client's field names."""
+    bundled = load_deploy_config(get_deploy_config_path("qwen3_omni_moe"), platform="cuda").session_defaults
+    assert (bundled.max_sessions, bundled.server_vad_model_path) == (64, None)
+    assert turn_detection_defaults(bundled) == {"threshold": 0.5, "silence_duration_ms": 500.0,
+                                                "prefix_padding_ms": 300.0}
+    path = write(tmp_path, "vad.yaml", {"stages": [stage(0)], "session_defaults": {
+        "vad_threshold": 0.7, "vad_silence_duration_ms": 800, "vad_prefix_padding_ms": 0}})
+    chosen = turn_detection_defaults(load_deploy_config(path, platform="cpu").session_defaults)
+    assert chosen == {"threshold": 0.7, "silence_duration_ms": 800.0, "prefix_padding_ms": 0.0}
+    assert all(type(value) is float for value in chosen.values())
+
+
+def test_deprecated_duplex_session_still_loads_with_a_warning(tmp_path: Path, caplog) -> None:
+    path = write(tmp_path, "old.yaml", {"stages": [stage(0)], "duplex_session": {"max_sessions": 5}})
+    with caplog.at_level(logging.WARNING, logger="vllm_omni.config.loader"), \
+            pytest.warns(DeprecationWarning, match=r"old\.yaml: duplex_session is deprecated; rename it to "
+                                                   r"session_defaults"):
+        config = load_deploy_config(path, platform="cpu")
+    assert config.session_defaults.max_sessions == 5
+    assert "duplex_session is deprecated" in caplog.text  # operators see it in the server log
+    shown = config_to_yaml(config)
+    assert "session_defaults:" in shown and "duplex_session" not in shown
+
+
+def test_deprecated_name_in_a_base_file_merges_with_the_new_name(tmp_path: Path) -> None:
+    write(tmp_path, "base.yaml", {"stages": [stage(0)], "duplex_session": {"max_sessions": 5, "vad_threshold": 0.3},
+                                  "platforms": {"cuda": {"duplex_session": {"vad_prefix_padding_ms": 100}}}})
+    child = write(tmp_path, "child.yaml", {"base_config": "base.yaml", "session_defaults": {"max_sessions": 9}})
+    with pytest.warns(DeprecationWarning, match="base.yaml: platforms.cuda.duplex_session is deprecated"):
+        defaults = load_deploy_config(child, platform="cuda").session_defaults
+    assert (defaults.max_sessions, defaults.vad_threshold, defaults.vad_prefix_padding_ms) == (9, 0.3, 100)
+
+
+def test_both_session_section_names_are_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "both.yaml", {"stages": [stage(0)], "duplex_session": {"max_sessions": 2},
+                                         "session_defaults": {"max_sessions": 3}})
+    with pytest.raises(ConfigError) as caught:
+        load_deploy_config(path, platform="cpu")
+    assert caught.value.problems == [
+        "duplex_session and session_defaults are both given (duplex_session is the deprecated name of "
+        "session_defaults); keep only session_defaults"]

@@ -24,7 +24,7 @@ from vllm_omni.engine import (
     StageUnavailableError,
     TextDelta,
 )
-from vllm_omni.models.qwen3_omni.vllm_thinker import VllmThinkerDriver
+from vllm_omni.models.qwen3_omni.vllm_backend.thinker import VllmThinkerDriver
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_more_spoken_turns_than_the_audio_limit(engine) -> None:
                           sampling={"thinker": {"max_tokens": 4}, "talker": {"max_tokens": 8}})
     result = asyncio.run(run_request(engine, request))
     assert result["final"].finish_reason in ("stop", "length") and len(result["pcm"]) > 0
-    assert engine.pipeline.last_render[1] == limit
+    assert engine.family.last_render[1] == limit
 
 
 def test_oldest_turns_lose_their_audio_first(tiny_loaded) -> None:
@@ -124,7 +124,7 @@ def test_oldest_turns_lose_their_audio_first(tiny_loaded) -> None:
         result = asyncio.run(run_request(narrow, OmniRequest(messages, modalities=("text",),
                                                              sampling={"thinker": {"max_tokens": 4}})))
         assert result["final"].finish_reason in ("stop", "length")
-        rendered, audio_items = narrow.pipeline.last_render
+        rendered, audio_items = narrow.family.last_render
         assert audio_items == 2
         # The first turn keeps its text, the audio-only second turn is gone, the rest stay.
         assert [m["role"] for m in rendered] == ["system", "user", "assistant", "assistant", "user", "assistant",
@@ -146,7 +146,7 @@ def test_current_turn_alone_over_the_audio_limit_is_refused(tiny_loaded) -> None
         text_only = asyncio.run(run_request(deaf, OmniRequest(earlier_audio, sampling={
             "thinker": {"max_tokens": 4}, "talker": {"max_tokens": 8}})))
         assert text_only["final"].finish_reason in ("stop", "length")
-        rendered, audio_items = deaf.pipeline.last_render
+        rendered, audio_items = deaf.family.last_render
         assert audio_items == 0 and [m["role"] for m in rendered] == ["assistant", "user"]
     finally:
         deaf.shutdown()

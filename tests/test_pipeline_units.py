@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from vllm_omni.config import CodecChunking, SamplingParams
-from vllm_omni.models.qwen3_omni.pipeline import CodecChunker
+from vllm_omni.engine.backends.torch_sampling import TokenSampler, apply_repetition_penalty
+from vllm_omni.models.qwen3_omni.family import CodecChunker
 from vllm_omni.models.qwen3_omni.talker_bridge import user_positions
-from vllm_omni.models.sampling import TokenSampler, apply_repetition_penalty
 
 FRAME = tuple(range(16))
 

@@ -17,7 +17,7 @@ from transformers import (
 )
 
 from tests.conftest import read_fixture_pcm
-from vllm_omni.models.qwen3_omni.tiny_checkpoint import build_tiny_checkpoint, find_weight_problems
+from vllm_omni.models.qwen3_omni.tiny.checkpoint import build_tiny_checkpoint, find_weight_problems
 
 CODEC_FRAME_RATE_HZ = 12.5  # one talker frame per 80 ms
 
@@ -143,8 +143,8 @@ def test_thinker_listens(model, processor) -> None:
 
 def test_bridge_only_loading_holds_the_same_weights_as_the_full_model(tiny_checkpoint: Path, tiny_loaded) -> None:
     from vllm_omni.models.qwen3_omni.checkpoint import load_checkpoint
+    from vllm_omni.models.qwen3_omni.messages import ThinkerPrefill
     from vllm_omni.models.qwen3_omni.talker_bridge import ThinkerToTalkerBridge
-    from vllm_omni.models.qwen3_omni.thinker_torch import ThinkerPrefill
 
     light = load_checkpoint(tiny_checkpoint, bridge_only=True)
     assert light.model is None

@@ -8,7 +8,9 @@ import pytest
 from vllm_omni.engine.request import AudioInputStream
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.session_config import SessionConfig, TurnDetection
-from vllm_omni.session.turn_session import MAX_PENDING_INPUT_BYTES, TurnSession
+from vllm_omni.session.base import SessionOptions
+from vllm_omni.session.input_track import MAX_PENDING_INPUT_BYTES
+from vllm_omni.session.turn_session import TurnSession
 
 
 class StreamsOnly:
@@ -24,16 +26,15 @@ class StreamsOnly:
 def session(turn_detection: TurnDetection | None) -> tuple[TurnSession, list[dict]]:
     events: list[dict] = []
     config = SessionConfig(id="sess_test", model="tiny", turn_detection=turn_detection)
-    return TurnSession(StreamsOnly(), config, ["tiny"], emit=events.append, default_speaker="ethan",
-                       speakers=["ethan"]), events
+    return TurnSession(StreamsOnly(), config, SessionOptions(served_models=["tiny"]), events.append), events
 
 
 def test_silence_under_server_vad_does_not_pile_up() -> None:
     turn, events = session(TurnDetection())
     for _ in range(300):  # 30 s of silence in 100 ms appends
-        turn._accept(np.zeros(1600, np.float32))  # noqa: SLF001
-    assert turn._pending.size < 16000  # noqa: SLF001  (under a second is kept)
-    assert turn.timeline == 300 * 1600
+        turn.input.accept(np.zeros(1600, np.float32))
+    assert turn.input.pending.size < 16000  # under a second is kept
+    assert turn.input.timeline == 300 * 1600
     assert not [e for e in events if e["type"].startswith("input_audio_buffer.speech")]
 
 
@@ -43,11 +44,11 @@ def test_uncommitted_input_without_vad_is_capped() -> None:
     appended = 0
     with pytest.raises(ProtocolError) as refused:
         while True:
-            turn._accept(chunk)  # noqa: SLF001
+            turn.input.accept(chunk)
             appended += chunk.size
     assert refused.value.code == "input_backpressure"
     assert appended * 4 <= MAX_PENDING_INPUT_BYTES
-    assert turn._pending.size == appended  # noqa: SLF001  (the refused append changed nothing)
+    assert turn.input.pending.size == appended  # the refused append changed nothing
 
 
 def test_sample_buffer_views_drops_and_takes_across_chunks() -> None:

@@ -18,8 +18,8 @@ from tests.test_engine_faults import spoken_conversation
 from tests.test_pipeline_parity import CASES, engine_request, reference  # noqa: F401  (fixture)
 from vllm_omni.engine import AudioChunk, Message, OmniRequest, RequestError
 from vllm_omni.models.qwen3_omni.checkpoint import load_checkpoint
-from vllm_omni.models.qwen3_omni.vllm_talker import VllmTalkerDriver
-from vllm_omni.models.qwen3_omni.vllm_thinker import VllmThinkerDriver, collapse_audio_placeholders
+from vllm_omni.models.qwen3_omni.vllm_backend.talker import VllmTalkerDriver
+from vllm_omni.models.qwen3_omni.vllm_backend.thinker import VllmThinkerDriver, collapse_audio_placeholders
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +169,7 @@ def test_more_spoken_turns_than_the_audio_limit_on_vllm(vllm_engine) -> None:
                           sampling={"thinker": {"max_tokens": 4}, "talker": {"max_tokens": 8}})
     result = asyncio.run(run_request(vllm_engine, request))
     assert result["final"].finish_reason in ("stop", "length"), result["final"].error
-    assert vllm_engine.pipeline.last_render[1] == limit
+    assert vllm_engine.family.last_render[1] == limit
 
 
 KILLS = (("thinker", "before_output"), ("talker", "mid_audio"), ("thinker", "talker_only"))

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from vllm_omni.models.qwen3_omni.tensor_wire import tensor_from_wire, tensor_to_wire
-from vllm_omni.models.qwen3_omni.vllm_engine import visible_device_ids
-from vllm_omni.models.qwen3_omni.vllm_talker_feed import TEXT_FEED, TextFeed, external_request_id
-from vllm_omni.models.qwen3_omni.vllm_talker_gate import _TextGateMixin
+from vllm_omni.engine.backends.vllm.engine_driver import visible_device_ids
+from vllm_omni.engine.backends.vllm.tensor_wire import tensor_from_wire, tensor_to_wire
+from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import TEXT_FEED, TextFeed, external_request_id
+from vllm_omni.models.qwen3_omni.vllm_backend.talker_gate import _TextGateMixin
 
 EOS, PAD = 90, 91
 
@@ -120,7 +120,7 @@ class StandInEngine:
 def test_frame_pump_serves_waiting_requests_with_one_call() -> None:
     import asyncio
 
-    from vllm_omni.models.qwen3_omni.vllm_talker import FramePump
+    from vllm_omni.models.qwen3_omni.vllm_backend.talker import FramePump
 
     async def scenario():
         engine = StandInEngine()

@@ -11,6 +11,7 @@ import numpy as np
 
 from vllm_omni.config import DeployConfig
 from vllm_omni.engine import AudioChunk, OmniEngine, OmniRequest, RequestFinished
+from vllm_omni.models.registry import load_engine
 
 AsyncOmni = OmniEngine  # the streaming API is the engine interface itself
 
@@ -44,7 +45,7 @@ class Omni:
 
     def __init__(self, model: str | Path, deploy_config: str | Path | DeployConfig,
                  code2wav_mode: str = "exact"):
-        self.engine = OmniEngine.from_pretrained(model, deploy_config, code2wav_mode=code2wav_mode)
+        self.engine = load_engine(model, deploy_config, code2wav_mode=code2wav_mode)
 
     def generate(self, requests: OmniRequest | Sequence[OmniRequest]) -> list[OmniResult]:
         batch = [requests] if isinstance(requests, OmniRequest) else list(requests)

@@ -68,7 +68,7 @@ def resolve_silero_model(configured_path: str | None = None) -> Path:
     if packaged is not None and packaged.is_file():
         return _checked(packaged)
     raise ServerVADUnavailableError(
-        "server_vad needs a local Silero ONNX artifact (duplex_session.server_vad_model_path, the Hugging "
+        "server_vad needs a local Silero ONNX artifact (session_defaults.server_vad_model_path, the Hugging "
         "Face cache, or the silero-vad package)")
 
 

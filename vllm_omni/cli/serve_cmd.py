@@ -6,6 +6,10 @@ import argparse
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm_omni.config import SessionDefaults
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -26,7 +30,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-history-audio-s", type=float,
                        help="user speech a conversation keeps; beyond it the oldest turns lose their audio "
                             "(default 1200)")
-    serve.add_argument("--speaker", default="ethan", help="default voice")
+    serve.add_argument("--speaker", help="default voice (default: the model's own)")
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(run=serve_model)
 
@@ -35,9 +39,9 @@ def serve_model(args: argparse.Namespace) -> int:
     import uvicorn
 
     from vllm_omni.config import ConfigError, load_deploy_config
-    from vllm_omni.engine import OmniEngine
+    from vllm_omni.models.registry import load_engine
     from vllm_omni.server.app import create_app
-    from vllm_omni.server.realtime import ServerSettings
+    from vllm_omni.server.settings import ServerSettings
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -47,15 +51,23 @@ def serve_model(args: argparse.Namespace) -> int:
         return 2
     if deploy.session_mode != "turn":
         raise SystemExit("error: this server implements session_mode: turn; duplex mode is not available yet")
-    engine = OmniEngine.from_pretrained(args.model, deploy)
+    engine = load_engine(args.model, deploy)
     limits = {"send_timeout_s": args.send_timeout_s, "max_history_audio_s": args.max_history_audio_s}
+    defaults = deploy.session_defaults
     settings = ServerSettings(
         served_model_names=args.served_model_name or [args.model], api_key=args.api_key,
-        max_sessions=deploy.duplex_session.max_sessions, max_session_duration_s=args.max_session_duration_s,
-        vad_model_path=deploy.duplex_session.server_vad_model_path, default_speaker=args.speaker,
-        protect_metrics=args.protect_metrics,
+        max_sessions=defaults.max_sessions, max_session_duration_s=args.max_session_duration_s,
+        vad_model_path=defaults.server_vad_model_path, default_speaker=args.speaker,
+        protect_metrics=args.protect_metrics, turn_detection_defaults=turn_detection_defaults(defaults),
         **{name: value for name, value in limits.items() if value is not None})
     app = create_app(engine, settings)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, ws_max_size=16 * 1024 * 1024,
                 ws_ping_interval=20, ws_ping_timeout=20)
     return 0
+
+
+def turn_detection_defaults(defaults: SessionDefaults) -> dict[str, float]:
+    """The server-VAD fields a session gets when its client turns on `server_vad` without them."""
+    return {"threshold": defaults.vad_threshold,
+            "silence_duration_ms": float(defaults.vad_silence_duration_ms),
+            "prefix_padding_ms": float(defaults.vad_prefix_padding_ms)}

@@ -18,7 +18,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def make_tiny_model(args: argparse.Namespace) -> int:
-    from vllm_omni.models.qwen3_omni.tiny_checkpoint import build_tiny_checkpoint
+    from vllm_omni.models.qwen3_omni.tiny.checkpoint import build_tiny_checkpoint
 
     out = build_tiny_checkpoint(args.out, seed=args.seed)
     print(f"wrote tiny {args.arch} checkpoint to {out}")

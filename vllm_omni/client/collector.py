@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_omni.client.timing import AUDIO_DELTA, TEXT_DELTAS, audio_payload
+from vllm_omni.client.timing import TEXT_DELTAS, audio_payload
+from vllm_omni.protocol.server_event_types import ERROR, OUTPUT_AUDIO_DELTA, RESPONSE_DONE
 
 
 @dataclass
@@ -32,7 +33,7 @@ class Collected:
 def collect(events: Sequence[dict[str, Any]]) -> Collected:
     """Sort received events by response id (events without one are not response events)."""
     responses: dict[str, ResponseRecord] = {}
-    errors = [e for e in events if e.get("type") == "error"]
+    errors = [e for e in events if e.get("type") == ERROR]
     for event in events:
         response_id = event.get("response_id") or (event.get("response") or {}).get("id")
         if not isinstance(response_id, str):
@@ -40,13 +41,13 @@ def collect(events: Sequence[dict[str, Any]]) -> Collected:
         record = responses.setdefault(response_id, ResponseRecord(response_id))
         record.events.append(event)
         kind = event.get("type")
-        if kind == AUDIO_DELTA:
+        if kind == OUTPUT_AUDIO_DELTA:
             record.audio += audio_payload(event)
             rate = event.get("sample_rate_hz")
             if isinstance(rate, int) and rate > 0:
                 record.sample_rate = rate
         elif kind in TEXT_DELTAS and isinstance(event.get("delta"), str):
             record.transcript += event["delta"]
-        elif kind == "response.done":
+        elif kind == RESPONSE_DONE:
             record.status = (event.get("response") or {}).get("status")
     return Collected(responses, errors)

@@ -14,7 +14,9 @@ from typing import Any
 
 import websockets
 
+from vllm_omni.client import events
 from vllm_omni.client.streaming import chunk_duration_s
+from vllm_omni.protocol.server_event_types import SESSION_CLOSED
 
 
 class RealtimeConnection:
@@ -92,16 +94,15 @@ class RealtimeConnection:
 
     async def commit(self) -> None:
         self.commit_times.append(time.monotonic())
-        await self.send({"type": "input_audio_buffer.commit"})
+        await self.send(events.input_audio_commit())
 
     async def ack_playback(self, response_id: str, played_ms: int) -> None:
-        await self.send({"type": "playback.ack", "response_id": response_id, "item_id": f"item_{response_id}",
-                         "played_ms": played_ms, "committed_ms": played_ms})
+        await self.send(events.playback_ack(response_id, played_ms))
 
     async def close_session(self, timeout: float = 10.0) -> None:
         """`session.close`, then wait for `session.closed` (and the server's close frame)."""
-        await self.send({"type": "session.close"})
+        await self.send(events.session_close())
         try:
-            await self.until("session.closed", timeout=timeout)
+            await self.until(SESSION_CLOSED, timeout=timeout)
         finally:
             await self.close()

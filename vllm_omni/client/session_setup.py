@@ -4,23 +4,30 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_omni.client.events import session_update
+from vllm_omni.protocol import client_events as ce
+
+
+def _given(**fields: Any) -> dict[str, Any]:
+    """The fields that are not None: the others are left off the wire."""
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+def _turn_detection(server_vad: bool, vad: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Server VAD with `vad`'s settings, or None (sent as null: no server VAD)."""
+    return {"type": "server_vad", **(vad or {})} if server_vad else None
+
 
 def ga_session_update(*, model: str | None = None, server_vad: bool = False, instructions: str | None = None,
                       voice: str | None = None, output_modalities: tuple[str, ...] = ("audio",),
                       input_rate: int = 16000, vad: dict[str, Any] | None = None) -> dict[str, Any]:
     """GA shape: `session.type = realtime`, audio settings under `session.audio`."""
-    turn_detection = {"type": "server_vad", **(vad or {})} if server_vad else None
-    session: dict[str, Any] = {
-        "type": "realtime", "output_modalities": list(output_modalities),
-        "audio": {"input": {"format": {"type": "audio/pcm", "rate": input_rate}, "turn_detection": turn_detection},
-                  "output": {"format": {"type": "audio/pcm", "rate": 24000}}}}
-    if voice is not None:
-        session["audio"]["output"]["voice"] = voice
-    if model is not None:
-        session["model"] = model
-    if instructions is not None:
-        session["instructions"] = instructions
-    return {"type": "session.update", "session": session}
+    audio = ce.AudioSettings(
+        input=ce.AudioInputSettings(format={"type": "audio/pcm", "rate": input_rate},
+                                    turn_detection=_turn_detection(server_vad, vad)),
+        output=ce.AudioOutputSettings(format={"type": "audio/pcm", "rate": 24000}, **_given(voice=voice)))
+    return session_update(ce.SessionSettings(type="realtime", output_modalities=list(output_modalities), audio=audio,
+                                             **_given(model=model, instructions=instructions)))
 
 
 def flat_session_update(*, model: str | None = None, server_vad: bool = False, instructions: str | None = None,
@@ -28,10 +35,7 @@ def flat_session_update(*, model: str | None = None, server_vad: bool = False, i
                         vad: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
     """Flat (beta) shape: formats and turn detection as top-level keys of `session`;
     `extra` adds further keys as they are (e.g. `ref_audio`, `extra_body`)."""
-    session: dict[str, Any] = {
+    return session_update(ce.SessionSettings.model_validate({
         "modalities": list(modalities), "input_audio_format": "pcm16", "output_audio_format": "pcm16",
-        "turn_detection": {"type": "server_vad", **(vad or {})} if server_vad else None, **extra}
-    for key, value in (("model", model), ("instructions", instructions), ("voice", voice)):
-        if value is not None:
-            session[key] = value
-    return {"type": "session.update", "session": session}
+        "turn_detection": _turn_detection(server_vad, vad), **extra,
+        **_given(model=model, instructions=instructions, voice=voice)}))

@@ -7,6 +7,8 @@ import base64
 from collections.abc import Sequence
 from typing import Any
 
+from vllm_omni.client.events import input_audio_append
+
 BYTES_PER_MS = 32  # 16 kHz mono PCM16
 FIRST_UNIT_MS = 1030  # the first model unit closes at 1030 ms of audio, then every 1000 ms
 UNIT_MS = 1000
@@ -28,15 +30,14 @@ def append_events(pcm: bytes, chunk_ms: int = 200,
     events, unit = [], 0
     for start in range(0, len(pcm), size):
         chunk = pcm[start:start + size]
-        event: dict[str, Any] = {"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()}
         end_ms = (start + len(chunk)) // BYTES_PER_MS
+        group = None
         if frames is not None and unit < len(frames) and end_ms >= unit_boundary_ms(unit):
-            group = list(frames[unit])
+            group = frames[unit]
             if len(group) > MAX_FRAMES_PER_APPEND:
                 raise ValueError(f"frames for unit {unit}: {len(group)} given, at most {MAX_FRAMES_PER_APPEND}")
-            event["video_frames"] = group
             unit += 1
-        events.append(event)
+        events.append(input_audio_append(chunk, video_frames=group))
     return events
 
 

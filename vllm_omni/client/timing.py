@@ -13,8 +13,14 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-TEXT_DELTAS = ("response.output_audio_transcript.delta", "response.output_text.delta", "response.text.delta")
-AUDIO_DELTA = "response.output_audio.delta"
+from vllm_omni.protocol.server_event_types import (
+    OUTPUT_AUDIO_DELTA,
+    OUTPUT_AUDIO_TRANSCRIPT_DELTA,
+    OUTPUT_TEXT_DELTA,
+    RESPONSE_CREATED,
+)
+
+TEXT_DELTAS = (OUTPUT_AUDIO_TRANSCRIPT_DELTA, OUTPUT_TEXT_DELTA, "response.text.delta")  # the last: beta servers
 
 
 def _finite(value: Any) -> float | None:
@@ -79,8 +85,8 @@ def response_metrics(events: Sequence[dict[str, Any]], t0: float | None) -> dict
     """Metrics of one response from its received events. `t0`: the commit's send time, or
     None to use the receive time of `response.created`."""
     if t0 is None:
-        t0 = next((e["_t"] for e in events if e.get("type") == "response.created" and _finite(e.get("_t"))), None)
-    audio = [e for e in events if e.get("type") == AUDIO_DELTA and _audio_bytes(e) and _finite(e.get("_t"))]
+        t0 = next((e["_t"] for e in events if e.get("type") == RESPONSE_CREATED and _finite(e.get("_t"))), None)
+    audio = [e for e in events if e.get("type") == OUTPUT_AUDIO_DELTA and _audio_bytes(e) and _finite(e.get("_t"))]
     text = [e for e in events if e.get("type") in TEXT_DELTAS and e.get("delta") and _finite(e.get("_t"))]
     times = [e["_t"] for e in audio]
     duration_ms = _audio_duration_ms(audio)

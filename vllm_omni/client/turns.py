@@ -8,9 +8,11 @@ from typing import Any
 
 from vllm_omni.client.collector import ResponseRecord, collect
 from vllm_omni.client.connection import RealtimeConnection
+from vllm_omni.client.events import response_create
 from vllm_omni.client.session_setup import ga_session_update
 from vllm_omni.client.streaming import append_events
 from vllm_omni.client.timing import response_metrics, session_summary
+from vllm_omni.protocol.server_event_types import RESPONSE_DONE, SESSION_UPDATED
 
 TRAILING_SILENCE_S = 1.5  # server VAD needs silence after the speech to end the turn
 
@@ -50,15 +52,15 @@ async def run_session(url: str, pcm: bytes, *, turns: int = 1, model: str | None
     try:
         await conn.next()  # session.created
         await conn.send(ga_session_update(model=model, server_vad=server_vad))
-        await conn.until("session.updated")
+        await conn.until(SESSION_UPDATED)
         audio = pcm + (b"\0\0" * int(16000 * TRAILING_SILENCE_S) if server_vad else b"")
         for _ in range(turns):
             first = len(conn.events)
             await conn.stream(append_events(audio, chunk_ms=chunk_ms), realtime=realtime)
             if not server_vad:
                 await conn.commit()
-                await conn.send({"type": "response.create"})
-            done = (await conn.until("response.done", timeout=answer_timeout_s))[-1]
+                await conn.send(response_create())
+            done = (await conn.until(RESPONSE_DONE, timeout=answer_timeout_s))[-1]
             record = collect(conn.events[first:]).responses.get((done.get("response") or {}).get("id"))
             t0 = None if server_vad else conn.commit_times[-1]  # None: from response.created (§8.1)
             result.turns.append(TurnResult(record, response_metrics(record.events if record else [], t0)))

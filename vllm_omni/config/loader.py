@@ -4,14 +4,17 @@ Resolution of one file: its base (recursively resolved), then the file's own key
 the file's `platforms.<platform>` section. Mappings merge key by key, `stages` merge by
 `stage_id` and `connectors` by `name`; any other list or value replaces the inherited one.
 Each file is type-checked on its own, so an error names the file that holds the bad value;
-cross-references and required keys are checked on the merged result.
+cross-references and required keys are checked on the merged result. A deprecated key name
+(`_RENAMED`) still loads, with a warning, and is renamed before merging.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.util
+import logging
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +25,11 @@ from pydantic_core import ErrorDetails
 from vllm_omni.config.errors import ConfigError, describe_validation_error, key_path
 from vllm_omni.config.schema import PLATFORMS, DeployConfig
 
+logger = logging.getLogger(__name__)
+
 _LIST_KEYS = {"stages": "stage_id", "connectors": "name"}
 _FILE_ONLY_KEYS = ("base_config", "platforms")
+_RENAMED = {"duplex_session": "session_defaults"}  # deprecated top-level key -> its new name
 
 
 def display_path(path: Path) -> str:
@@ -87,19 +93,39 @@ def _duplicates(body: dict[str, Any], prefix: tuple[str, ...]) -> list[str]:
     return problems
 
 
-def _check_partial(body: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[str]:
+def _check_partial(body: dict[str, Any], shown: str, prefix: tuple[str, ...] = ()) -> list[str]:
     """Type errors, unknown keys and duplicates in what one file (or section) says."""
     problems = []
     if prefix:  # inside a platform section: inheritance keys belong at the top of a file
         for key in _FILE_ONLY_KEYS:
             if key in body:
                 problems.append(f"{key_path([*prefix, key])}: unknown key")
-    checked = {k: v for k, v in body.items() if k not in _FILE_ONLY_KEYS}
+    for old, new in _RENAMED.items():
+        if old in body and new in body:
+            problems.append(f"{key_path([*prefix, old])} and {key_path([*prefix, new])} are both given "
+                            f"({old} is the deprecated name of {new}); keep only {new}")
+        elif old in body:
+            _warn_deprecated(f"{shown}: {key_path([*prefix, old])} is deprecated; rename it to {new}")
+    # Validated as written (the schema accepts the deprecated names too), so an error names the key
+    # the file holds; a deprecated key beside its new name is reported above, not as an unknown key.
+    skipped = {*_FILE_ONLY_KEYS, *(old for old, new in _RENAMED.items() if new in body)}
+    checked = {k: v for k, v in body.items() if k not in skipped}
     try:
         DeployConfig.model_validate(checked)
     except ValidationError as exc:
         problems += describe_validation_error(exc, prefix, skip=_skip_partial)
     return problems + _duplicates(body, prefix)
+
+
+def _warn_deprecated(message: str) -> None:
+    """A warning for code (warnings) and for the operator reading the server log (logging)."""
+    warnings.warn(message, DeprecationWarning, stacklevel=2)
+    logger.warning(message)
+
+
+def _renamed(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` with deprecated keys under their new names, so old and new names merge."""
+    return {_RENAMED.get(key, key): value for key, value in body.items()}
 
 
 def _merge(base: Any, override: Any, key: str | None = None) -> Any:
@@ -125,7 +151,7 @@ def _merge(base: Any, override: Any, key: str | None = None) -> Any:
 def _resolve(path: Path, platform: str, chain: tuple[Path, ...]) -> dict[str, Any]:
     shown = display_path(path)
     data = _read_yaml(path, shown)
-    problems = _check_partial(data)
+    problems = _check_partial(data, shown)
     platforms = data.get("platforms", {})
     if not isinstance(platforms, dict):
         problems.append(f"platforms: expected a mapping, got {platforms!r}")
@@ -136,7 +162,7 @@ def _resolve(path: Path, platform: str, chain: tuple[Path, ...]) -> dict[str, An
         elif not isinstance(section, dict):
             problems.append(f"platforms.{name}: expected a mapping, got {section!r}")
         else:
-            problems += _check_partial(section, ("platforms", name))
+            problems += _check_partial(section, shown, ("platforms", name))
     base_ref = data.get("base_config")
     if base_ref is not None and not isinstance(base_ref, str):
         problems.append(f"base_config: expected a file path, got {base_ref!r}")
@@ -153,27 +179,27 @@ def _resolve(path: Path, platform: str, chain: tuple[Path, ...]) -> dict[str, An
             raise ConfigError(shown, [f"base_config: file not found: {display_path(base_path)}"])
         resolved = _resolve(base_path, platform, (*chain, base_path))
     own = {k: v for k, v in data.items() if k not in _FILE_ONLY_KEYS}
-    resolved = _merge(resolved, own)
-    return _merge(resolved, platforms.get(platform, {}))
+    resolved = _merge(resolved, _renamed(own))
+    return _merge(resolved, _renamed(platforms.get(platform, {})))
 
 
 def _cross_references(config: DeployConfig) -> list[str]:
+    """Connectors join existing stages, at most one per (from_stage, to_stage) pair."""
     problems = []
     stage_ids = {stage.stage_id for stage in config.stages}
-    connectors = {c.name: c for c in config.connectors}
+    joined: dict[tuple[int, int], int] = {}
     for i, connector in enumerate(config.connectors):
         for end in ("from_stage", "to_stage"):
             if getattr(connector, end) not in stage_ids:
                 problems.append(f"connectors[{i}].{end}: no stage with stage_id "
                                 f"{getattr(connector, end)}")
-    for i, stage in enumerate(config.stages):
-        for j, name in enumerate(stage.input_connectors):
-            where = f"stages[{i}].input_connectors[{j}]"
-            if name not in connectors:
-                problems.append(f"{where}: no connector named {name!r}")
-            elif connectors[name].to_stage != stage.stage_id:
-                problems.append(f"{where}: connector {name!r} feeds stage "
-                                f"{connectors[name].to_stage}, not this stage ({stage.stage_id})")
+        pair = (connector.from_stage, connector.to_stage)
+        if pair in joined:
+            first = joined[pair]
+            problems.append(f"connectors[{i}]: connector {connector.name!r} joins stage {pair[0]} to stage "
+                            f"{pair[1]}, as connectors[{first}] ({config.connectors[first].name!r}) already does")
+        else:
+            joined[pair] = i
     return problems
 
 

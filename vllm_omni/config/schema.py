@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 # vLLM 0.32's limit for a modality missing from `limit_mm_per_prompt`
 # (MultiModalConfig.get_limit_per_prompt); the torch backend applies the same default.
@@ -63,9 +63,7 @@ class StageConfig(_Strict):
     role: Literal["encoder", "thinker", "talker", "code2wav", "vocoder", "llm"]
     backend: Literal["vllm", "torch"]
     devices: list[NonNegativeInt] = Field(default_factory=lambda: [0])
-    replicas: PositiveInt = 1
     engine_args: EngineArgs = Field(default_factory=EngineArgs)
-    input_connectors: list[str] = Field(default_factory=list)
     default_sampling_params: SamplingParams = Field(default_factory=SamplingParams)
     # vLLM stages only: when the stage's engine dies, its in-flight requests fail (as they
     # always do) and then a new engine is started in its place; requests are refused until
@@ -82,7 +80,11 @@ class CodecChunking(_Strict):
 
 
 class ConnectorConfig(_Strict):
-    """A directed link that carries one stage's outputs to another stage's inputs."""
+    """A directed link that carries one stage's outputs to another stage's inputs.
+
+    The connectors are the deploy's stage graph: the engine lets stage A send to stage B only
+    along a declared connector, and at most one connector joins a (from_stage, to_stage) pair.
+    """
 
     name: str
     from_stage: NonNegativeInt
@@ -90,10 +92,11 @@ class ConnectorConfig(_Strict):
     extra: CodecChunking | None = None  # set on the connector that carries codec frames
 
 
-class DuplexSessionConfig(_Strict):
-    """Session defaults: server VAD and admission limits."""
+class SessionDefaults(_Strict):
+    """Server-wide session settings: the Silero model, admission, and the server-VAD values a
+    session gets when a client turns on `server_vad` without giving them."""
 
-    server_vad_model_path: str | None = None
+    server_vad_model_path: str | None = None  # None: the HF cache, then the silero-vad package
     vad_threshold: float = Field(default=0.5, gt=0, lt=1)
     vad_silence_duration_ms: PositiveInt = 500
     vad_prefix_padding_ms: NonNegativeInt = 300
@@ -105,7 +108,9 @@ class DeployConfig(_Strict):
 
     async_chunk: bool = True
     session_mode: Literal["turn", "duplex"] = "turn"
-    duplex_session: DuplexSessionConfig = Field(default_factory=DuplexSessionConfig)
+    # `duplex_session` is the deprecated name of this section (the loader warns when a file uses it).
+    session_defaults: SessionDefaults = Field(
+        default_factory=SessionDefaults, validation_alias=AliasChoices("session_defaults", "duplex_session"))
     connectors: list[ConnectorConfig] = Field(default_factory=list)
     stages: list[StageConfig] = Field(min_length=1)
 

@@ -1,10 +1,11 @@
 """The engine the session layer talks to: stage workers, request tracking, outputs.
 
-`OmniEngine.generate(request)` validates the request, renders its prompt, submits it to
-the first stage and yields its outputs as they appear: text deltas, PCM16 audio chunks,
-and one final `RequestFinished`. Stage events are routed in the worker thread that
-produced them (under one short lock), so a ready audio chunk is forwarded at once,
-whatever the other stages are doing.
+`OmniEngine(family)` drives any model family (`engine/family.py`) through the stage graph
+its deploy config declares (`engine/graph.py`). `generate(request)` validates the request,
+renders its prompt (`engine/prompting.py`), submits it to the first stage and yields its
+outputs as they appear: text deltas, PCM16 audio chunks, and one final `RequestFinished`.
+Stage events are routed in the worker thread that produced them (under one short lock), so
+a ready audio chunk is forwarded at once, whatever the other stages are doing.
 
 When a request ends, however it ends, every stage is told to drop it, so no stage keeps
 working on (or counting) a request whose final record is out. A watcher thread checks the
@@ -19,34 +20,35 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
 
-from vllm_omni.audio.log_mel import log_mel_features
-from vllm_omni.audio.pcm import float_to_pcm16, validate_model_audio
-from vllm_omni.config import DeployConfig, SamplingParams, load_deploy_config
+from vllm_omni.audio.pcm import float_to_pcm16
+from vllm_omni.config import SamplingParams
 from vllm_omni.config.errors import describe_validation_error
-from vllm_omni.engine.async_stage import AsyncEngineStage
+from vllm_omni.engine.backends.async_stage import AsyncEngineStage
+from vllm_omni.engine.backends.step_worker import StageWorker
 from vllm_omni.engine.detokenizer import IncrementalDetokenizer
+from vllm_omni.engine.family import ModelFamily, Route
+from vllm_omni.engine.graph import check_stage_graph, stage_name
+from vllm_omni.engine.prompting import render_conversation
 from vllm_omni.engine.request import (
     AudioChunk,
     AudioInputStream,
     EngineOutput,
+    FinishReason,
     OmniRequest,
     RequestError,
     RequestFinished,
     StageUnavailableError,
     TextDelta,
+    Usage,
 )
+from vllm_omni.engine.stage_api import AsyncStageDriver, AudioSamples, StageDone, StageOutput, TextToken
 from vllm_omni.engine.stage_timing import StageTimer
-from vllm_omni.engine.stage_worker import StageWorker
-from vllm_omni.models.qwen3_omni.checkpoint import load_checkpoint
-from vllm_omni.models.qwen3_omni.pipeline import Qwen3OmniPipeline, RouteState
-from vllm_omni.models.stage_api import AsyncStageDriver, AudioSamples, StageDone, StageOutput, TextToken
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +62,11 @@ class _Record:
     request: OmniRequest
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
-    route: RouteState
+    route: Any  # the family's per-request routing state
     detokenizer: IncrementalDetokenizer
     prompt_tokens: int
     timer: StageTimer = field(default_factory=StageTimer)
-    finish_reason: str = "stop"
+    finish_reason: FinishReason = FinishReason.STOP
     audio_samples: int = 0
     sample_rate: int = 0
     first_audio_s: float | None = None
@@ -72,47 +74,40 @@ class _Record:
 
 
 class OmniEngine:
-    def __init__(self, pipeline: Qwen3OmniPipeline, deploy: DeployConfig, max_waiting_factor: int = 4):
-        self.pipeline = pipeline
-        self.deploy = deploy
+    def __init__(self, family: ModelFamily, max_waiting_factor: int = 4):
+        self.family = family
+        self.deploy = family.deploy
+        self._edges = check_stage_graph(self.deploy, family.name, family.roles, family.edges)
         self._records: dict[str, _Record] = {}
         self._lock = threading.Lock()
         self.workers: dict[str, StageWorker | AsyncEngineStage] = {}
-        for role, program in pipeline.make_programs().items():
+        for role, program in family.make_programs().items():
             stage_kind = AsyncEngineStage if isinstance(program, AsyncStageDriver) else StageWorker
             self.workers[role] = stage_kind(role, program, self._on_event, self._on_error,
-                                            max_active=deploy.stage_by_role(role).engine_args.max_num_seqs or 8)
-        self.max_requests = max_waiting_factor * self.workers["thinker"].max_active
+                                            max_active=self.deploy.stage_by_role(role).engine_args.max_num_seqs or 8)
+        self.max_requests = max_waiting_factor * self.workers[family.text_role].max_active
         for worker in self.workers.values():
             worker.start()
         self._stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch_stages, name="stage-health", daemon=True)
         self._watcher.start()
 
-    @classmethod
-    def from_pretrained(cls, model: str | Path, deploy_config: str | Path | DeployConfig,
-                        code2wav_mode: str = "exact") -> OmniEngine:
-        deploy = deploy_config if isinstance(deploy_config, DeployConfig) else load_deploy_config(deploy_config)
-        for stage in deploy.stages:
-            if stage.backend == "vllm" and stage.role not in ("thinker", "talker"):
-                raise ValueError(f"stage {stage.stage_id} ({stage.role}): backend 'vllm' serves the "
-                                 "autoregressive stages (thinker, talker); use backend: torch")
-        dtype = deploy.stage_by_role("thinker").engine_args.dtype or "float32"
-        # With both autoregressive stages in vLLM engines, this process runs only code2wav and the bridge.
-        engines_hold_weights = all(deploy.stage_by_role(role).backend == "vllm" for role in ("thinker", "talker"))
-        checkpoint = load_checkpoint(model, dtype=dtype, bridge_only=engines_hold_weights)
-        return cls(Qwen3OmniPipeline(checkpoint, deploy, code2wav_mode=code2wav_mode), deploy)
-
     # Public interface -------------------------------------------------------------------
 
-    @staticmethod
-    def create_audio_stream() -> AudioInputStream:
-        return AudioInputStream()
+    def create_audio_stream(self) -> AudioInputStream:
+        return self.family.audio_stream()
 
     @property
     def speakers(self) -> list[str]:
-        """Voice names the talker knows."""
-        return sorted(self.pipeline.checkpoint.config.talker_config.speaker_id)
+        return self.family.speakers
+
+    @property
+    def default_speaker(self) -> str | None:
+        return self.family.default_speaker
+
+    @property
+    def output_sample_rate(self) -> int:
+        return self.family.output_sample_rate
 
     async def generate(self, request: OmniRequest) -> AsyncIterator[EngineOutput]:
         """Submit `request` and stream its outputs; raises RequestError for bad input."""
@@ -162,80 +157,26 @@ class OmniEngine:
 
     # Admission --------------------------------------------------------------------------
 
-    def _sampling(self, request: OmniRequest, role: str) -> SamplingParams:
+    def _sampling(self, request: OmniRequest) -> dict[str, SamplingParams]:
+        unknown = set(request.sampling) - set(self.family.roles)
+        if unknown:
+            raise RequestError(f"sampling: no stage with role {sorted(unknown)[0]!r} "
+                               f"(roles: {', '.join(self.family.roles)})")
+        return {role: self._stage_sampling(request, role) for role in self.family.roles}
+
+    def _stage_sampling(self, request: OmniRequest, role: str) -> SamplingParams:
         defaults = self.deploy.stage_by_role(role).default_sampling_params
         overrides = request.sampling.get(role, {})
+        if role == self.family.text_role:
+            generic = {"max_tokens": request.max_output_tokens, "temperature": request.temperature}
+            overrides = {**{k: v for k, v in generic.items() if v is not None}, **overrides}
         try:
             return SamplingParams.model_validate({**defaults.model_dump(), **overrides})
         except ValidationError as exc:
             raise RequestError("; ".join(describe_validation_error(exc, ("sampling", role)))) from None
 
-    def _render(self, request: OmniRequest):
-        """The thinker prompt. When the conversation outgrows the thinker's audio limit or the
-        context, the oldest turns lose their audio, then the oldest turns are left out
-        (system instructions and the current turn always stay)."""
-        turns: list[tuple[dict[str, Any], Any]] = []  # (chat-template message, its audio features)
-        for i, message in enumerate(request.messages):
-            turns.append(self._chat_message(message, f"messages[{i}]"))
-        if not turns or turns[-1][0]["role"] != "user":
-            raise RequestError("messages: the last turn must be the user's")
-        self._fit_audio_limit(turns)
-        while True:
-            prompt = self.pipeline.render([m for m, _ in turns], [f for _, f in turns if f is not None])
-            if len(prompt) < self.pipeline.max_model_len:
-                return prompt
-            oldest = next((i for i, (m, _) in enumerate(turns[:-1]) if m["role"] != "system"), None)
-            if oldest is None:
-                raise RequestError(f"prompt is {len(prompt)} tokens; the model's context is "
-                                   f"{self.pipeline.max_model_len}")
-            del turns[oldest]
-
-    def _fit_audio_limit(self, turns: list[tuple[dict[str, Any], Any]]) -> None:
-        """Keep at most the thinker's `limit_mm_per_prompt` audio items (vLLM refuses more; the
-        torch backend keeps the same limit): the oldest turns with audio lose it, and a turn
-        left without text goes. Each turn carries at most one audio item."""
-        limit = self.deploy.stage_by_role("thinker").engine_args.mm_limit("audio")
-        while sum(features is not None for _, features in turns) > limit:
-            oldest = next((i for i, (_, f) in enumerate(turns[:-1]) if f is not None), None)
-            if oldest is None:
-                raise RequestError(f"the current turn carries audio, but the thinker's limit_mm_per_prompt "
-                                   f"allows {limit} audio items per prompt")
-            message, _ = turns[oldest]
-            text = [part for part in message["content"] if part["type"] != "audio"]
-            if text:
-                turns[oldest] = ({**message, "content": text}, None)
-            else:
-                del turns[oldest]
-
-    def _chat_message(self, message, where: str) -> tuple[dict[str, Any], Any]:
-        if message.role not in ("system", "user", "assistant"):
-            raise RequestError(f"{where}.role: expected system, user or assistant, got {message.role!r}")
-        parts: list[dict[str, Any]] = []
-        features = None
-        if message.audio is not None or message.audio_stream is not None:
-            if message.role != "user":
-                raise RequestError(f"{where}: only user turns may carry audio")
-            if message.audio is not None:
-                try:
-                    samples = validate_model_audio(message.audio, message.sample_rate, f"{where}.audio")
-                except ValueError as exc:
-                    raise RequestError(str(exc)) from None
-                features = log_mel_features(samples)
-            else:
-                try:
-                    features = message.audio_stream.close()
-                except ValueError as exc:
-                    raise RequestError(f"{where}.audio_stream: {exc}") from None
-            parts.append({"type": "audio"})
-        if message.text:
-            parts.append({"type": "text", "text": message.text})
-        if not parts:
-            raise RequestError(f"{where}: has neither text nor audio")
-        content = parts[0]["text"] if message.role == "system" and len(parts) == 1 else parts
-        return {"role": message.role, "content": content}, features
-
     def _stage_names(self, roles: list[str]) -> str:
-        return ", ".join(f"{role} (stage_id {self.deploy.stage_by_role(role).stage_id})" for role in roles)
+        return ", ".join(stage_name(self.deploy, role) for role in roles)
 
     def _admit(self, request: OmniRequest) -> _Record:
         dead = self.unhealthy_stages()
@@ -245,30 +186,34 @@ class OmniEngine:
         if unknown or "text" not in request.modalities:
             raise RequestError(f"modalities: expected 'text' or 'text'+'audio', got {list(request.modalities)}")
         wants_audio = "audio" in request.modalities
-        thinker_sampling = self._sampling(request, "thinker")
-        talker_sampling = self._sampling(request, "talker")
-        if wants_audio:
+        sampling = self._sampling(request)
+        speaker = request.speaker or self.default_speaker
+        if wants_audio and speaker is not None:
             try:
-                self.pipeline.check_speaker(request.speaker)
+                self.family.check_speaker(speaker)
             except ValueError as exc:
                 raise RequestError(f"speaker: {exc}") from None
-        prompt = self._render(request)
+        prompt = render_conversation(self.family, request.messages)
         with self._lock:
             if request.request_id in self._records:
                 raise RequestError(f"request_id {request.request_id!r} is already running")
             if len(self._records) >= self.max_requests:
                 raise RequestError(f"engine is at capacity ({self.max_requests} requests); retry later")
-            route, messages = self.pipeline.start(request.request_id, prompt, thinker_sampling, talker_sampling,
-                                                  request.speaker, wants_audio)
+            route, messages = self.family.start(request.request_id, prompt, sampling, speaker, wants_audio)
             record = _Record(request=request, loop=asyncio.get_running_loop(), queue=asyncio.Queue(),
-                             route=route, detokenizer=IncrementalDetokenizer(self.pipeline.tokenizer),
+                             route=route, detokenizer=IncrementalDetokenizer(self.family.tokenizer),
                              prompt_tokens=len(prompt))
             self._records[request.request_id] = record
-            self._submit(request.request_id, messages)
+            self._submit(request.request_id, None, messages)
         return record
 
-    def _submit(self, request_id: str, messages: list[tuple[str, object]]) -> None:
+    def _submit(self, request_id: str, source: str | None, messages: Route) -> None:
+        """Hand each message to its stage; a family may only send along declared connectors
+        (the first messages of a request come from outside, `source` None)."""
         for role, message in messages:
+            if source is not None and (source, role) not in self._edges:
+                raise RuntimeError(f"{self.family.name} routed a message from {source} to {role} "
+                                   "without a connector")
             self.workers[role].submit(request_id, message)
 
     # Events from stage workers (any thread) ---------------------------------------------
@@ -292,10 +237,10 @@ class OmniEngine:
                     self._push(record, TextDelta(request_id, delta, token_ids))
             elif isinstance(event, AudioSamples):
                 self._push_audio(record, event, since_arrival)
-            elif isinstance(event, StageDone) and role == "thinker":
-                record.finish_reason = event.reason
-            self._submit(request_id, self.pipeline.route(record.route, role, event))
-            if isinstance(event, StageDone) and role == self.pipeline.final_role(record.route):
+            elif isinstance(event, StageDone) and role == self.family.text_role:
+                record.finish_reason = FinishReason(event.reason)
+            self._submit(request_id, role, self.family.route(record.route, role, event))
+            if isinstance(event, StageDone) and role == self.family.final_role(record.route):
                 self._finish_locked(record, record.finish_reason)
 
     def _push_audio(self, record: _Record, event: AudioSamples, since_arrival: float) -> None:
@@ -355,14 +300,20 @@ class OmniEngine:
         record.finished = True
         request_id = record.request.request_id
         self._records.pop(request_id, None)
-        for worker in self.workers.values():  # also after a normal end: e.g. a talker that
-            worker.drop(request_id)  # ended first leaves the thinker with nothing to do
+        for worker in self.workers.values():  # also after a normal end: a downstream stage that
+            worker.drop(request_id)  # ended first leaves the upstream ones with nothing to do
+        reason = FinishReason(reason)
+        metrics = record.timer.metrics({s.role: s.stage_id for s in self.deploy.stages})
+        text_role, audio_role = self.family.text_role, self.family.audio_token_role
+        if text_role in metrics:
+            metrics[text_role] = replace(metrics[text_role], finish_reason=reason)
+        usage = Usage(prompt_tokens=record.prompt_tokens, text_tokens=len(record.detokenizer.token_ids),
+                      audio_tokens=metrics[audio_role].outputs if audio_role in metrics else 0)
         self._push(record, RequestFinished(
             request_id=request_id, finish_reason=reason, text=record.detokenizer.text,
-            prompt_tokens=record.prompt_tokens,
-            token_ids=tuple(record.detokenizer.token_ids),
+            token_ids=tuple(record.detokenizer.token_ids), usage=usage,
             audio_duration_s=record.audio_samples / record.sample_rate if record.sample_rate else 0.0,
-            time_to_first_audio_s=record.first_audio_s, stage_metrics=record.timer.metrics(), error=error,
+            time_to_first_audio_s=record.first_audio_s, stage_metrics=metrics, error=error,
             error_code=error_code))
 
     def _finish(self, record: _Record, reason: str, error: str | None = None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Literal
 
 import numpy as np
@@ -70,10 +71,20 @@ class Message:
 class OmniRequest:
     messages: list[Message]
     request_id: str = field(default_factory=lambda: f"req-{uuid.uuid4().hex[:16]}")
-    speaker: str = "ethan"
+    speaker: str | None = None  # a voice of the model (`OmniEngine.speakers`); None: its default
     modalities: tuple[str, ...] = ("text", "audio")
-    # Per-stage sampling overrides by role, e.g. {"thinker": {"max_tokens": 64}}.
+    # Limits of the text answer, applied to the stage that writes it (whichever role that is).
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    # Per-stage sampling overrides by role as the deploy config names them; these win.
     sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # the model ended its answer
+    LENGTH = "length"  # a token limit ended it
+    ABORT = "abort"  # the caller stopped it
+    ERROR = "error"  # a stage failed (see `error`, `error_code`)
 
 
 @dataclass(frozen=True)
@@ -94,23 +105,34 @@ class AudioChunk:
 
 @dataclass(frozen=True)
 class StageMetrics:
-    stage: str
+    """Timing of one stage for one request; `role` and `stage_id` as the deploy config names them."""
+
+    role: str
+    stage_id: int
     first_output_s: float | None  # from request arrival (TTFT for token stages)
     mean_interval_s: float | None  # TPOT for token stages
     intervals_s: tuple[float, ...]
     outputs: int
+    finish_reason: FinishReason | None = None  # set on the stage that writes the text answer
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    text_tokens: int = 0  # generated text tokens
+    audio_tokens: int = 0  # generated audio tokens (codec frames), 0 for a text-only answer
 
 
 @dataclass(frozen=True)
 class RequestFinished:
     request_id: str
-    finish_reason: str  # "stop" | "length" | "abort" | "error"
+    finish_reason: FinishReason
     text: str = ""
-    prompt_tokens: int = 0
     token_ids: tuple[int, ...] = ()
+    usage: Usage = field(default_factory=Usage)
     audio_duration_s: float = 0.0
     time_to_first_audio_s: float | None = None
-    stage_metrics: dict[str, StageMetrics] = field(default_factory=dict)
+    stage_metrics: dict[str, StageMetrics] = field(default_factory=dict)  # by role
     error: str | None = None
     error_code: str | None = None  # "stage_unavailable" when a stage died under the request
 

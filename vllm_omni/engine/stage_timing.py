@@ -18,12 +18,13 @@ class StageTimer:
         self.stamps.setdefault(stage, []).append(now)
         return now - self.arrival
 
-    def metrics(self) -> dict[str, StageMetrics]:
+    def metrics(self, stage_ids: dict[str, int]) -> dict[str, StageMetrics]:
+        """By role; `stage_ids` maps each role to its deploy-config stage id."""
         result = {}
         for stage, stamps in self.stamps.items():
             intervals = tuple(b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True))
             result[stage] = StageMetrics(
-                stage=stage, first_output_s=stamps[0] - self.arrival,
+                role=stage, stage_id=stage_ids[stage], first_output_s=stamps[0] - self.arrival,
                 mean_interval_s=sum(intervals) / len(intervals) if intervals else None,
                 intervals_s=intervals, outputs=len(stamps))
         return result

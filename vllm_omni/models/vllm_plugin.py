@@ -7,7 +7,7 @@ from __future__ import annotations
 QWEN3_OMNI_TALKER = "Qwen3OmniTalkerForVllm"
 
 OUT_OF_TREE_MODELS = {
-    QWEN3_OMNI_TALKER: f"vllm_omni.models.qwen3_omni.vllm_talker_model:{QWEN3_OMNI_TALKER}",
+    QWEN3_OMNI_TALKER: f"vllm_omni.models.qwen3_omni.vllm_backend.talker_model:{QWEN3_OMNI_TALKER}",
 }
 
 

@@ -271,7 +271,6 @@ EVENT_MODELS: dict[str, type[ClientEvent]] = {
     "session.update": SessionUpdate,
     "input_audio_buffer.append": InputAudioBufferAppend,
     "input_audio_buffer.commit": InputAudioBufferCommit,
-    "input.commit": InputAudioBufferCommit,
     "input_audio_buffer.clear": ClientEvent,
     "conversation.item.create": ConversationItemCreate,
     "conversation.item.delete": ItemReference,
@@ -281,17 +280,34 @@ EVENT_MODELS: dict[str, type[ClientEvent]] = {
     "response.cancel": ResponseReference,
     "output_audio_buffer.clear": ResponseReference,
     "playback.ack": PlaybackAck,
-    "audio.playback_ack": PlaybackAck,
     "session.close": SessionClose,
-    "close": SessionClose,
-    "close_session": SessionClose,
     "session.heartbeat": ClientEvent,
     "input.cancel": ClientEvent,
-    "barge_in": ClientEvent,
     "input.text.append": InputTextAppend,
-    "input_text.append": InputTextAppend,
-    "push_text": InputTextAppend,
 }
+
+# Other spellings clients send, and the event type each stands for (the one list of them).
+# A parsed event keeps the type it was sent with: `input.commit` asks for a response by default.
+ALIASES: dict[str, str] = {
+    "input.commit": "input_audio_buffer.commit",
+    "audio.playback_ack": "playback.ack",
+    "close": "session.close",
+    "close_session": "session.close",
+    "barge_in": "input.cancel",
+    "input_text.append": "input.text.append",
+    "push_text": "input.text.append",
+}
+
+
+def canonical_type(kind: str) -> str:
+    """The event type `kind` stands for (itself unless it is an alias)."""
+    return ALIASES.get(kind, kind)
+
+
+def client_event_id(raw: dict[str, Any]) -> str | None:
+    """The client's `event_id`, when it is one an error may echo."""
+    event_id = raw.get("event_id")
+    return event_id if isinstance(event_id, str) and len(event_id) <= MAX_ID_CHARS else None
 
 
 def validation_problem(exc: ValidationError, where: str, prefix: str = "") -> ProtocolError:
@@ -307,12 +323,12 @@ def validation_problem(exc: ValidationError, where: str, prefix: str = "") -> Pr
     return ProtocolError("bad_event", f"{where}: {param}: {first['msg']}", param or None)
 
 
-def parse_client_event(raw: dict[str, Any], known: dict[str, type[ClientEvent]] = EVENT_MODELS) -> ClientEvent:
+def parse_client_event(raw: dict[str, Any]) -> ClientEvent:
     """Validate one decoded JSON object; raises ProtocolError (bad_event / unknown_event)."""
     kind = raw.get("type")
     if not isinstance(kind, str):
         raise ProtocolError("bad_event", "event must be an object with a string 'type'", "type")
-    model = known.get(kind)
+    model = EVENT_MODELS.get(canonical_type(kind))
     if model is None:
         raise ProtocolError("unknown_event", f"Unknown event type: {kind[:100]}", "type")
     try:

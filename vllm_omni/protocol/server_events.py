@@ -1,6 +1,7 @@
-"""Server events (realtime-protocol.md §4): wire shapes, built in one place.
+"""Server events (realtime-protocol.md §4): the generic wire shape and the shared pieces.
 
-GA-lane events get a fresh `event_id`; legacy-lane events use the flat [LEGACY] shapes.
+GA-lane events get a fresh `event_id`; legacy-lane events use the flat [LEGACY] shapes. One
+typed builder per GA event kind is in server_event_builders.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import uuid
 from typing import Any
 
 from vllm_omni.protocol.errors import ProtocolError, error_class
+from vllm_omni.protocol.server_event_types import ERROR, SESSION_CREATED
 
 
 def new_id(prefix: str) -> str:
@@ -27,17 +29,17 @@ def error_event(exc: ProtocolError, client_event_id: str | None = None) -> dict[
         body["event_id"] = client_event_id
     if exc.param is not None:
         body["param"] = exc.param
-    return event("error", error=body)
+    return event(ERROR, error=body)
 
 
 def flat_error(code: str, message: str) -> dict[str, Any]:
     """[LEGACY] / route-level error shape."""
-    return {"type": "error", "error": message, "code": code}
+    return {"type": ERROR, "error": message, "code": code}
 
 
 def session_created(session: dict[str, Any], legacy_id: str) -> dict[str, Any]:
     """Readable by both dialects: GA `session` plus legacy `id` / `created` (§1.8)."""
-    return event("session.created", session=session, id=legacy_id, created=int(time.time()))
+    return event(SESSION_CREATED, session=session, id=legacy_id, created=int(time.time()))
 
 
 def response_object(response_id: str, status: str, *, modalities: list[str], output: list[dict],

@@ -8,6 +8,7 @@ follows realtime-protocol.md §2.1; validation order follows §2.4.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -23,7 +24,11 @@ from vllm_omni.audio.formats import (
 from vllm_omni.protocol.client_events import SessionSettings, token_limit, validation_problem
 from vllm_omni.protocol.errors import ProtocolError
 
+# The GA wire default for output audio (pcm16 and wav are always sent at it). Not the engine's
+# rate: the engine's audio is resampled to the session's output format (audio/formats.encode_output).
 OUTPUT_RATE = 24000
+# Server-VAD values a deploy may set for sessions whose client turns server_vad on without them.
+TURN_DETECTION_DEFAULT_FIELDS = ("threshold", "silence_duration_ms", "prefix_padding_ms")
 TURN_DETECTION_FIELDS = {"type", "threshold", "prefix_padding_ms", "silence_duration_ms", "create_response",
                          "interrupt_response", "idle_timeout_ms", "min_speech_duration_ms"}
 MAX_VAD_DURATION_MS = 60_000  # prefix padding, silence and minimum speech durations
@@ -116,7 +121,7 @@ def parse_format(value: Any, *, output: bool, param: str) -> AudioFormat:
     except AudioFormatError:
         raise ProtocolError(code, f"Unsupported {kind}: {name}", param) from None
     if output and canonical in ("pcm16", "wav"):
-        return AudioFormat(canonical, OUTPUT_RATE)  # the vocoder's rate
+        return AudioFormat(canonical, OUTPUT_RATE)  # the GA wire rate, whatever rate was asked
     if rate is None:  # GA `audio/pcm` objects default to 24 kHz (GA semantics), flat names to their own rate
         rate = OUTPUT_RATE if (ga_object and not output and canonical == "pcm16") else DEFAULT_RATES[canonical]
     return AudioFormat(canonical, rate)
@@ -127,7 +132,8 @@ def _is_duration(value: Any, limit: float = MAX_VAD_DURATION_MS) -> bool:
         and 0 <= value <= limit
 
 
-def parse_turn_detection(value: Any, mode: str) -> TurnDetection | None:
+def parse_turn_detection(value: Any, mode: str, defaults: Mapping[str, float] | None = None) -> TurnDetection | None:
+    """`value` as sent; `defaults` (the deploy's, TURN_DETECTION_DEFAULT_FIELDS) fill what it leaves out."""
     param = "turn_detection"
     code = "unsupported_turn_detection"
     if value is None:
@@ -154,7 +160,7 @@ def parse_turn_detection(value: Any, mode: str) -> TurnDetection | None:
     for key in ("create_response", "interrupt_response"):
         if key in value and not isinstance(value[key], bool):
             raise ProtocolError(code, f"turn_detection.{key} must be true or false", param)
-    fields = {k: v for k, v in value.items() if k in TURN_DETECTION_FIELDS}
+    fields = {**(defaults or {}), **{k: v for k, v in value.items() if k in TURN_DETECTION_FIELDS}}
     fields.setdefault("interrupt_response", mode == "duplex")
     return TurnDetection(**fields)
 
@@ -167,8 +173,9 @@ def _modalities(value: Any) -> list[str]:
 
 
 def apply_session_update(current: SessionConfig, session: dict[str, Any], served_models: list[str],
-                         mode: str = "turn") -> SessionConfig:
-    """The configuration after `session` (the update's `session` object) is applied."""
+                         mode: str = "turn", vad_defaults: Mapping[str, float] | None = None) -> SessionConfig:
+    """The configuration after `session` (the update's `session` object) is applied; a
+    server_vad object gets the fields it leaves out from `vad_defaults`, else the built-in ones."""
     try:  # types and bounds of every field first; fields with codes of their own are checked below
         SessionSettings.model_validate(session)
     except ValidationError as exc:
@@ -206,7 +213,7 @@ def apply_session_update(current: SessionConfig, session: dict[str, Any], served
 
     td = _first(_get(audio_in, "turn_detection"), session.get("turn_detection", _UNSET))
     if td is not _UNSET:
-        updates["turn_detection"] = parse_turn_detection(td, mode)
+        updates["turn_detection"] = parse_turn_detection(td, mode, vad_defaults)
     extra = session.get("extra_body", {})
     if not isinstance(extra, dict):
         raise ProtocolError("bad_event", "extra_body must be an object", "extra_body")

@@ -1,4 +1,4 @@
-"""The FastAPI application: /v1/realtime, /v1/models, /health, /metrics."""
+"""The FastAPI application: /v1/realtime, /v1/duplex, /v1/models, /health, /metrics."""
 
 from __future__ import annotations
 
@@ -14,12 +14,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from vllm_omni.metrics import prometheus as metrics
 from vllm_omni.server.auth import UNAUTHORIZED, authorized
-from vllm_omni.server.realtime import RealtimeConnection, ServerSettings
+from vllm_omni.server.realtime import RealtimeConnection
+from vllm_omni.server.settings import ServerSettings
+from vllm_omni.session.factory import SessionFactory
 
 
 def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
     sessions = [0]  # open realtime sessions (one event loop: a plain counter is enough)
     created = int(time.time())
+    factory = SessionFactory(engine, settings.session_options())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -63,15 +66,10 @@ def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
 
     @app.websocket("/v1/realtime")
     async def realtime(websocket: WebSocket) -> None:
-        await RealtimeConnection(websocket, engine, settings, sessions).serve()
+        await RealtimeConnection(websocket, factory, settings, sessions).serve()
 
     @app.websocket("/v1/duplex")
     async def duplex(websocket: WebSocket) -> None:
-        if not authorized(websocket.headers, settings.api_key):
-            await websocket.send_denial_response(JSONResponse(UNAUTHORIZED, status_code=401))
-            return
-        await websocket.accept()
-        await websocket.send_json({"type": "error", "error": "Duplex API is not available", "code": "unsupported"})
-        await websocket.close(1008, "unsupported")
+        await RealtimeConnection(websocket, factory, settings, sessions, duplex_endpoint=True).serve()
 
     return app

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_omni.engine.request import AudioInputStream, Message
+from vllm_omni.protocol.server_events import event
+from vllm_omni.session.base import Emit
 
 
 @dataclass
@@ -95,3 +97,9 @@ class Conversation:
             elif item.stream is not None or item.text:
                 messages.append(Message("user", text=item.text, audio_stream=item.stream))
         return messages
+
+
+def announce(emit: Emit, previous_item_id: str | None, item: Item) -> None:
+    """A new item's `conversation.item.added` and its beta spelling `conversation.item.created`."""
+    for kind in ("conversation.item.added", "conversation.item.created"):
+        emit(event(kind, previous_item_id=previous_item_id, item=item.to_wire()))

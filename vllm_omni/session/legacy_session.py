@@ -17,8 +17,21 @@ from typing import Any
 
 import numpy as np
 
-from vllm_omni.engine.request import AudioChunk, AudioInputStream, Message, OmniRequest, RequestFinished, TextDelta
+from vllm_omni.engine.interface import EngineClient
+from vllm_omni.engine.request import (
+    AudioChunk,
+    AudioInputStream,
+    FinishReason,
+    Message,
+    OmniRequest,
+    RequestFinished,
+    TextDelta,
+)
+from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.server_events import b64, flat_error
+from vllm_omni.protocol.session_config import SessionConfig
+from vllm_omni.protocol.states import Lane
+from vllm_omni.session.base import Emit, SessionOptions, reporting
 
 logger = logging.getLogger(__name__)
 
@@ -26,30 +39,48 @@ MAX_QUEUED_INPUT_BYTES = 16 * 1024 * 1024  # appends held until a `final:false` 
 
 
 class LegacySession:
-    def __init__(self, engine: Any, served_models: list[str], *, emit: Callable[[dict[str, Any]], None],
-                 default_speaker: str):
+    lane = Lane.LEGACY
+
+    def __init__(self, engine: EngineClient, config: SessionConfig, options: SessionOptions, emit: Emit):
         self.engine = engine
-        self.served_models = served_models
+        self.config = config
+        self.served_models = options.served_models
         self._emit = emit
-        self.default_speaker = default_speaker
+        self.default_speaker = options.default_speaker
         self.validated = False
         self._queued: list[np.ndarray] = []  # appends waiting for a `final:false` commit
         self._stream: AudioInputStream | None = None
         self.task: asyncio.Task | None = None
+        # The lane's whole vocabulary (no aliases here); events are read as sent, not parsed.
+        self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {
+            "session.update": self._on_update,
+            "input_audio_buffer.append": self._on_append,
+            "input_audio_buffer.commit": self._on_commit,
+        }
+
+    @property
+    def id(self) -> str:
+        return self.config.id
+
+    @property
+    def idle_timeout_s(self) -> float:
+        return self.config.idle_timeout_s
 
     def error(self, code: str, message: str) -> None:
         self._emit(flat_error(code, message))
 
+    def report(self, exc: ProtocolError, client_event_id: str | None = None) -> None:
+        self.error(exc.code, exc.message)  # the legacy shape carries no event id
+
     async def handle(self, raw: dict[str, Any]) -> None:
+        await reporting(self, raw, self._dispatch(raw))
+
+    async def _dispatch(self, raw: dict[str, Any]) -> None:
         kind = raw.get("type")
-        if kind == "session.update":
-            self._on_update(raw)
-        elif kind == "input_audio_buffer.append":
-            self._on_append(raw)
-        elif kind == "input_audio_buffer.commit":
-            self._on_commit(raw)
-        else:
-            self.error("unknown_event", f"Unknown event type: {kind}")
+        handler = self._handlers.get(kind) if isinstance(kind, str) else None
+        if handler is None:
+            raise ProtocolError("unknown_event", f"Unknown event type: {kind}")
+        handler(raw)
 
     def _on_update(self, raw: dict[str, Any]) -> None:
         model = raw.get("model")
@@ -107,9 +138,9 @@ class LegacySession:
                     self._emit({"type": "response.output_audio.delta", "audio": b64(output.pcm16),
                                 "format": "pcm16", "sample_rate_hz": output.sample_rate})
                 elif isinstance(output, RequestFinished):
-                    if output.finish_reason == "error":
+                    if output.finish_reason == FinishReason.ERROR:
                         raise RuntimeError(output.error)
-                    prompt, completion = output.prompt_tokens, len(output.token_ids)
+                    prompt, completion = output.usage.prompt_tokens, output.usage.text_tokens
                     self._emit({"type": "transcription.done", "text": output.text, "usage": {
                         "prompt_tokens": prompt, "completion_tokens": completion,
                         "total_tokens": prompt + completion, "prompt_tokens_details": None,

@@ -13,14 +13,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from vllm_omni.audio.formats import AudioFormat, encode_output
+from vllm_omni.audio.formats import encode_output
+from vllm_omni.engine.interface import EngineClient
 from vllm_omni.engine.request import (
     AudioChunk,
+    FinishReason,
     OmniRequest,
     RequestError,
     RequestFinished,
@@ -31,51 +32,35 @@ from vllm_omni.engine.request import (
 from vllm_omni.metrics import prometheus as metrics
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.server_events import b64, error_event, event, response_object
-from vllm_omni.session.conversation import Item
+from vllm_omni.protocol.states import ResponseStatus
+from vllm_omni.session.base import Emit
+from vllm_omni.session.conversation import Item, announce
+from vllm_omni.session.response_options import ResponseOptions
 
 logger = logging.getLogger(__name__)
 
-STAGE_IDS = {"thinker": "0", "talker": "1", "code2wav": "2"}
 
-
-@dataclass
-class ResponseOptions:
-    modalities: list[str]
-    output_format: AudioFormat
-    voice: str | None
-    speaker: str
-    instructions: str | None
-    max_output_tokens: int | str
-    temperature: float | None
-    metadata: dict[str, Any] = field(default_factory=dict)
-    client_limited: bool = False  # max_output_tokens came from the client
-    in_conversation: bool = True  # False for `conversation: "none"` (out-of-band answers)
-
-
-def stage_metrics_wire(metrics_by_stage: dict[str, StageMetrics], finish_reason: str | None) -> dict[str, Any]:
-    """The engine's per-stage metrics in the spec's `stage_metrics` shape (§8.2)."""
-    wire = {}
-    for name, m in metrics_by_stage.items():
-        stage_id = STAGE_IDS.get(name, name)
-        intervals = [round(i * 1000, 3) for i in m.intervals_s]
-        wire[stage_id] = {
-            "stage_id": int(stage_id) if stage_id.isdigit() else stage_id, "num_tokens_out": m.outputs,
-            "vllm_ttft_ms": round((m.first_output_s or 0) * 1000, 3),
-            "vllm_tpot_ms": round((m.mean_interval_s or 0) * 1000, 3), "vllm_itls_ms": intervals,
-            "finish_reason": finish_reason if name == "thinker" else None}
-    return wire
+def stage_metrics_wire(metrics_by_stage: dict[str, StageMetrics]) -> dict[str, Any]:
+    """The engine's per-stage metrics in the spec's `stage_metrics` shape (§8.2), by stage id."""
+    return {str(m.stage_id): {
+        "stage_id": m.stage_id, "role": m.role, "num_tokens_out": m.outputs,
+        "vllm_ttft_ms": round((m.first_output_s or 0) * 1000, 3),
+        "vllm_tpot_ms": round((m.mean_interval_s or 0) * 1000, 3),
+        "vllm_itls_ms": [round(i * 1000, 3) for i in m.intervals_s],
+        "finish_reason": m.finish_reason.value if m.finish_reason is not None else None}
+        for m in metrics_by_stage.values()}
 
 
 class ResponseRun:
     def __init__(self, response_id: str, options: ResponseOptions, item: Item, *, session_id: str,
-                 emit: Callable[[dict[str, Any]], None], on_done: Callable[[ResponseRun], None]):
+                 emit: Emit, on_done: Callable[[ResponseRun], None]):
         self.id = response_id
         self.options = options
         self.item = item
         self.session_id = session_id
         self._emit, self._on_done = emit, on_done
         self.done = False
-        self.status = "in_progress"
+        self.status = ResponseStatus.IN_PROGRESS
         self.request_id: str | None = None
         self.previous_item_id: str | None = None
         self.task: asyncio.Task | None = None
@@ -97,8 +82,8 @@ class ResponseRun:
     def _addr(self, content_index: int = 0) -> dict[str, Any]:
         return {"response_id": self.id, "item_id": self.item.id, "output_index": 0, "content_index": content_index}
 
-    def _response(self, status: str, **extra: Any) -> dict[str, Any]:
-        return response_object(self.id, status, modalities=list(self.options.modalities),
+    def _response(self, status: ResponseStatus, **extra: Any) -> dict[str, Any]:
+        return response_object(self.id, status.value, modalities=list(self.options.modalities),
                                output_format=self.options.output_format.ga_object(), voice=self.options.voice,
                                max_output_tokens=self.options.max_output_tokens,
                                conversation_id=f"conv_{self.session_id}" if self.options.in_conversation else None,
@@ -106,20 +91,19 @@ class ResponseRun:
 
     # Lifecycle ----------------------------------------------------------------------------
 
-    def start(self, engine: Any, request: OmniRequest, previous_item_id: str | None) -> None:
+    def start(self, engine: EngineClient, request: OmniRequest, previous_item_id: str | None) -> None:
         self.request_id = request.request_id
         self.previous_item_id = previous_item_id
-        self._emit(event("response.created", response_id=self.id,
-                         response=self._response("in_progress", output=[], metadata=self.options.metadata)))
-        for kind in ("conversation.item.added", "conversation.item.created"):
-            self._emit(event(kind, previous_item_id=previous_item_id, item=self.item.to_wire()))
+        self._emit(event("response.created", response_id=self.id, response=self._response(
+            ResponseStatus.IN_PROGRESS, output=[], metadata=self.options.metadata)))
+        announce(self._emit, previous_item_id, self.item)
         self._emit(event("response.output_item.added", response_id=self.id, output_index=0, item=self.item.to_wire()))
         if self.wants_audio:
             self._emit(event("response.content_part.added", **self._addr(0),
                              part={"type": "audio", "transcript": ""}))
         self.task = asyncio.create_task(self._run(engine, request), name=f"response-{self.id}")
 
-    async def _run(self, engine: Any, request: OmniRequest) -> None:
+    async def _run(self, engine: EngineClient, request: OmniRequest) -> None:
         try:
             async for output in engine.generate(request):
                 if self.done:
@@ -170,39 +154,40 @@ class ResponseRun:
                                    "playback": dict(self.playback), "session_id": self.session_id}))
 
     def _on_finished(self, final: RequestFinished) -> None:
-        self._stage_metrics = stage_metrics_wire(final.stage_metrics, final.finish_reason)
-        if final.finish_reason == "error":
+        self._stage_metrics = stage_metrics_wire(final.stage_metrics)
+        if final.finish_reason == FinishReason.ERROR:
             self._fail(final.error_code or "engine_error", final.error or "engine failure")
             return
-        if final.finish_reason == "abort":
+        if final.finish_reason == FinishReason.ABORT:
             return  # cancelled by us: the cancel path already ended the response
-        if final.finish_reason == "length" and self.options.client_limited:
-            self._finish("incomplete", {"type": "incomplete", "reason": "max_output_tokens"}, final)
+        if final.finish_reason == FinishReason.LENGTH and self.options.client_limited:
+            self._finish(ResponseStatus.INCOMPLETE, {"type": "incomplete", "reason": "max_output_tokens"}, final)
         else:
-            self._finish("completed", None, final)
+            self._finish(ResponseStatus.COMPLETED, None, final)
 
     def _fail(self, code: str, message: str) -> None:
         if self.done:
             return
         self._emit(error_event(ProtocolError(code, message)))
-        self._finish("failed", {"type": "failed", "reason": code,
+        self._finish(ResponseStatus.FAILED, {"type": "failed", "reason": code,
                                 "error": {"type": "server_error", "code": code, "message": message}}, None)
 
-    def cancel(self, engine: Any, reason: str) -> bool:
+    def cancel(self, engine: EngineClient, reason: str) -> bool:
         """Stop generating now; emits the cancelled done block. False if already done."""
         if self.done:
             return False
-        self._finish("cancelled", {"type": "cancelled", "reason": reason}, None)
+        self._finish(ResponseStatus.CANCELLED, {"type": "cancelled", "reason": reason}, None)
         if self.request_id is not None:
             asyncio.ensure_future(engine.abort(self.request_id))
         if self.task is not None and self.task is not asyncio.current_task():
             self.task.cancel()
         return True
 
-    def _finish(self, status: str, details: Any, final: RequestFinished | None) -> None:
+    def _finish(self, status: ResponseStatus, details: Any, final: RequestFinished | None) -> None:
         self.done = True
         self.status = status
-        self.item.status = "incomplete" if status in ("cancelled", "failed") else "completed"
+        self.item.status = "incomplete" if status in (ResponseStatus.CANCELLED, ResponseStatus.FAILED) \
+            else "completed"
         transcript = self.item.kept_text
         if self.wants_audio:
             if self._audio_sent or self.transcript:
@@ -219,22 +204,20 @@ class ResponseRun:
         self._emit(event("conversation.item.done", previous_item_id=self.previous_item_id, item=item))
         usage = None
         if final is not None:
-            talker = final.stage_metrics.get("talker")
-            text_tokens = len(final.token_ids)
-            audio_tokens = talker.outputs if talker else 0
-            prompt = final.prompt_tokens
+            text_tokens, audio_tokens, prompt = final.usage.text_tokens, final.usage.audio_tokens, \
+                final.usage.prompt_tokens
             usage = {"total_tokens": prompt + text_tokens + audio_tokens, "input_tokens": prompt,
                      "output_tokens": text_tokens + audio_tokens,
                      "input_token_details": {"text_tokens": prompt, "audio_tokens": 0, "image_tokens": 0,
                                              "cached_tokens": 0},
                      "output_token_details": {"text_tokens": text_tokens, "audio_tokens": audio_tokens}}
         metadata = {**self.options.metadata, "vllm_omni": {"stage_metrics": self._stage_metrics},
-                    "playback": dict(self.playback), "committed": status == "completed"}
+                    "playback": dict(self.playback), "committed": status is ResponseStatus.COMPLETED}
         self._emit(event("response.done", response_id=self.id,
                          response=self._response(status, status_details=details, output=[item], usage=usage,
                                                  metadata=metadata)))
         self._emit(event("rate_limits.updated", rate_limits=[]))
-        metrics.RESPONSES.labels(status=status).inc()
+        metrics.RESPONSES.labels(status=status.value).inc()
         if self._audio_samples and self._sample_rate:
             metrics.RTF.observe((time.monotonic() - self._started_at) / (self._audio_samples / self._sample_rate))
         self._on_done(self)

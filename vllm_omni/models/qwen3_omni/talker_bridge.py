@@ -22,7 +22,7 @@ import torch
 from transformers import Qwen3OmniMoeConfig
 
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
-from vllm_omni.models.qwen3_omni.thinker_torch import ThinkerPrefill
+from vllm_omni.models.qwen3_omni.messages import ThinkerPrefill
 
 
 @dataclass

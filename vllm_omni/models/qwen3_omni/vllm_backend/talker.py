@@ -18,16 +18,16 @@ from contextlib import aclosing
 from typing import Any
 
 from vllm_omni.config import StageConfig
+from vllm_omni.engine.backends.vllm.engine_driver import VllmEngineDriver, cpu_platform, engine_kwargs, vllm_sampling
+from vllm_omni.engine.stage_api import Emit, StageDone
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
-from vllm_omni.models.qwen3_omni.stages import CodecFrame, TalkerJob, ThinkerFinished, TrailingText
+from vllm_omni.models.qwen3_omni.messages import CodecFrame, TalkerJob, ThinkerFinished, TrailingText
 from vllm_omni.models.qwen3_omni.talker_bridge import ThinkerToTalkerBridge
-from vllm_omni.models.qwen3_omni.vllm_engine import VllmEngineDriver, cpu_platform, engine_kwargs, vllm_sampling
-from vllm_omni.models.qwen3_omni.vllm_talker_feed import IGNORE_EOS_KEY, REPETITION_PENALTY_KEY
-from vllm_omni.models.qwen3_omni.vllm_workers import worker_class_path
-from vllm_omni.models.stage_api import Emit, StageDone
+from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import IGNORE_EOS_KEY, REPETITION_PENALTY_KEY
+from vllm_omni.models.qwen3_omni.vllm_backend.workers import worker_path
 from vllm_omni.models.vllm_plugin import QWEN3_OMNI_TALKER
 
-GATE = "vllm_omni.models.qwen3_omni.vllm_talker_gate.{}"
+GATE = "vllm_omni.models.qwen3_omni.vllm_backend.talker_gate.{}"
 _FINISHED = object()  # end marker in a request's text queue
 
 
@@ -86,8 +86,8 @@ class VllmTalkerDriver(VllmEngineDriver):
             enable_prompt_embeds=True, skip_tokenizer_init=True,
             limit_mm_per_prompt={"audio": 0, "image": 0, "video": 0},
             enforce_eager=True,
-            worker_cls=worker_class_path("Talker", cpu=cpu))
-        from vllm_omni.models.qwen3_omni.vllm_talker_gate import TalkerExecutor
+            worker_cls=worker_path("Talker", cpu=cpu))
+        from vllm_omni.models.qwen3_omni.vllm_backend.talker_gate import TalkerExecutor
 
         kwargs["distributed_executor_backend"] = TalkerExecutor
         if "scheduler_cls" not in kwargs:

@@ -1,5 +1,5 @@
-"""What the thinker and talker engines share: AsyncLLM arguments from a stage's deploy
-config, sampling parameters, and the platform check."""
+"""What every vLLM-served stage shares: AsyncLLM arguments from a stage's deploy config,
+device pinning, sampling parameters, the platform check, and the engine driver base."""
 
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ def stage_devices(stage: StageConfig) -> Iterator[None]:
 
 def engine_kwargs(stage: StageConfig, model: str, **defaults: Any) -> dict[str, Any]:
     """AsyncEngineArgs keywords: `defaults`, then the stage's engine args, then its `extra`.
-    Prefix caching is always off (cached positions run no forward, so neither the thinker's
-    hidden rows nor the talker's per-step inputs would exist for them)."""
+    Prefix caching is always off: cached prompt positions run no forward, so what a runner
+    extension captures from the forward (hidden rows, per-step inputs) would not exist for them."""
     args = stage.engine_args
     if args.enable_prefix_caching:
         raise ValueError(f"stage {stage.stage_id} ({stage.role}) on vLLM: enable_prefix_caching must be off; "

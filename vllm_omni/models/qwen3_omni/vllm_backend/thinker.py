@@ -16,13 +16,12 @@ from typing import Any
 import torch
 
 from vllm_omni.config import StageConfig
+from vllm_omni.engine.backends.vllm.engine_driver import VllmEngineDriver, cpu_platform, engine_kwargs, vllm_sampling
+from vllm_omni.engine.backends.vllm.tensor_wire import tensor_from_wire
+from vllm_omni.engine.stage_api import Emit, StageDone, TextToken
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
-from vllm_omni.models.qwen3_omni.stages import ThinkerJob, ThinkerPrefilled
-from vllm_omni.models.qwen3_omni.tensor_wire import tensor_from_wire
-from vllm_omni.models.qwen3_omni.thinker_torch import ThinkerPrefill
-from vllm_omni.models.qwen3_omni.vllm_engine import VllmEngineDriver, cpu_platform, engine_kwargs, vllm_sampling
-from vllm_omni.models.qwen3_omni.vllm_workers import worker_class_path
-from vllm_omni.models.stage_api import Emit, StageDone, TextToken
+from vllm_omni.models.qwen3_omni.messages import ThinkerJob, ThinkerPrefill, ThinkerPrefilled
+from vllm_omni.models.qwen3_omni.vllm_backend.workers import worker_path
 
 
 def collapse_audio_placeholders(input_ids: list[int], audio_token_id: int) -> list[int]:
@@ -47,7 +46,7 @@ class VllmThinkerDriver(VllmEngineDriver):
         # so vLLM does not reserve memory for their encoders.
         return engine_kwargs(self.stage, self.checkpoint_path, enable_mm_embeds=True,
                              limit_mm_per_prompt={"image": 0, "video": 0},
-                             worker_cls=worker_class_path("Capture", cpu=cpu_platform()))
+                             worker_cls=worker_path("Capture", cpu=cpu_platform()))
 
     def starts_request(self, message: object) -> bool:
         return isinstance(message, ThinkerJob)

@@ -23,7 +23,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
-from vllm_omni.models.qwen3_omni.vllm_talker_feed import TEXT_FEED, external_request_id
+from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import TEXT_FEED, external_request_id
 
 IDLE_PAUSE_S = 0.001
 

@@ -16,9 +16,9 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from vllm_omni.config import SamplingParams
+from vllm_omni.engine.backends.torch_sampling import TokenSampler, apply_repetition_penalty
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
-from vllm_omni.models.qwen3_omni.thinker_torch import mrope_positions
-from vllm_omni.models.sampling import TokenSampler, apply_repetition_penalty
+from vllm_omni.models.qwen3_omni.torch_backend.thinker import mrope_positions
 
 SUPPRESSED_TAIL = 1024  # the last 1024 codec ids are control tokens, never sampled (but EOS)
 

@@ -15,14 +15,14 @@ from typing import Any
 import torch
 
 from vllm_omni.config import SamplingParams
-from vllm_omni.models.qwen3_omni.vllm_talker_feed import (
+from vllm_omni.engine.backends.vllm.workers import RunnerExtensionWorkerMixin
+from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import (
     IGNORE_EOS_KEY,
     REPETITION_PENALTY_KEY,
     TEXT_FEED,
     external_request_id,
 )
-from vllm_omni.models.qwen3_omni.vllm_talker_model import PlannedRequest, TalkerStepPlan
-from vllm_omni.models.qwen3_omni.vllm_workers import RunnerExtensionWorkerMixin
+from vllm_omni.models.qwen3_omni.vllm_backend.talker_model import PlannedRequest, TalkerStepPlan
 
 
 def planned_sampling(params: Any) -> SamplingParams:

@@ -17,8 +17,8 @@ import functools
 import logging
 import threading
 
-from vllm_omni.engine.stage_worker import ErrorSink, EventSink
-from vllm_omni.models.stage_api import AsyncStageDriver
+from vllm_omni.engine.backends.step_worker import ErrorSink, EventSink
+from vllm_omni.engine.stage_api import AsyncStageDriver
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Qwen3-Omni's three stage programs on the torch backend (see `models.stage_api`)."""
+"""Qwen3-Omni's three stage programs on the torch backend (see `engine/stage_api.py`)."""
 
 from __future__ import annotations
 
@@ -7,66 +7,22 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vllm_omni.config import SamplingParams
+from vllm_omni.engine.stage_api import AudioSamples, Emit, StageDone, TextToken
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
-from vllm_omni.models.qwen3_omni.code2wav_streaming import Code2WavStream, make_code2wav_stream
-from vllm_omni.models.qwen3_omni.prompt import ThinkerPrompt
+from vllm_omni.models.qwen3_omni.messages import (
+    SAMPLE_RATE,
+    CodecChunk,
+    CodecFrame,
+    TalkerJob,
+    ThinkerFinished,
+    ThinkerJob,
+    ThinkerPrefilled,
+    TrailingText,
+)
 from vllm_omni.models.qwen3_omni.talker_bridge import ThinkerToTalkerBridge
-from vllm_omni.models.qwen3_omni.talker_torch import TalkerSequence, TorchTalker
-from vllm_omni.models.qwen3_omni.thinker_torch import ThinkerPrefill, ThinkerSequence, TorchThinker
-from vllm_omni.models.stage_api import AudioSamples, Emit, StageDone, StageOutput, TextToken
-
-SAMPLE_RATE = 24000
-
-
-# Messages between stages -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ThinkerJob:
-    prompt: ThinkerPrompt
-    sampling: SamplingParams
-    report_prefill: bool  # the talker needs the prompt's hidden rows
-
-
-@dataclass(frozen=True)
-class ThinkerPrefilled:
-    """What the talker's prompt is built from (sent once the first token exists)."""
-
-    input_ids: list[int]
-    prefill: ThinkerPrefill
-
-
-@dataclass(frozen=True)
-class TalkerJob:
-    input_ids: list[int]
-    prefill: ThinkerPrefill
-    speaker: str
-    sampling: SamplingParams
-
-
-@dataclass(frozen=True)
-class TrailingText:
-    """Generated text tokens the thinker fed back, in order (one talker step each)."""
-
-    token_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class ThinkerFinished:
-    pass
-
-
-@dataclass(frozen=True)
-class CodecFrame(StageOutput):
-    codes: tuple[int, ...]  # 16 codebook ids of one 80 ms frame
-
-
-@dataclass(frozen=True)
-class CodecChunk:
-    frames: torch.Tensor  # [16, n]
-    final: bool
-
+from vllm_omni.models.qwen3_omni.torch_backend.code2wav import Code2WavStream, make_code2wav_stream
+from vllm_omni.models.qwen3_omni.torch_backend.talker import TalkerSequence, TorchTalker
+from vllm_omni.models.qwen3_omni.torch_backend.thinker import ThinkerSequence, TorchThinker
 
 # Thinker ------------------------------------------------------------------------------
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from vllm_omni.models.qwen3_omni.tensor_wire import tensor_to_wire
-from vllm_omni.models.qwen3_omni.vllm_workers import RunnerExtensionWorkerMixin
+from vllm_omni.engine.backends.vllm.tensor_wire import tensor_to_wire
+from vllm_omni.engine.backends.vllm.workers import RunnerExtensionWorkerMixin
 
 
 class _CaptureRunnerMixin:

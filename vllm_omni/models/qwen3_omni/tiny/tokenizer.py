@@ -19,7 +19,7 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
-from vllm_omni.models.qwen3_omni.tiny_config import ASSISTANT_WORD, SYSTEM_WORD, USER_WORD
+from vllm_omni.models.qwen3_omni.tiny.config import ASSISTANT_WORD, SYSTEM_WORD, USER_WORD
 
 FIRST_SPECIAL_ID = 151643
 # The real checkpoint's special tokens, in id order from FIRST_SPECIAL_ID.

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
-from vllm_omni.models.qwen3_omni.tiny_config import tiny_config
-from vllm_omni.models.qwen3_omni.tiny_tokenizer import save_processor
+from vllm_omni.models.qwen3_omni.tiny.config import tiny_config
+from vllm_omni.models.qwen3_omni.tiny.tokenizer import save_processor
 
 MATRIX_STD = 0.02
 # Weights below this standard deviation carry no signal (zeros, or uninitialised memory).

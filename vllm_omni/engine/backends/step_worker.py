@@ -10,7 +10,7 @@ ended in this stage cannot occupy a slot.
 
 Why threads in one process (torch backend): all stages share the model weights loaded
 once, tensors pass between stages without copies, and torch kernels release the GIL, so
-the thinker, the talker and code2wav do run in parallel on different cores. The vLLM
+the stages of one pipeline do run in parallel on different cores. The vLLM
 backend runs its engines in processes of their own (vLLM's EngineCore).
 """
 
@@ -21,7 +21,7 @@ import queue
 import threading
 from collections.abc import Callable
 
-from vllm_omni.models.stage_api import StageProgram
+from vllm_omni.engine.stage_api import StageProgram
 
 logger = logging.getLogger(__name__)
 

@@ -14,21 +14,15 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from vllm_omni.config import SamplingParams
+from vllm_omni.engine.backends.torch_sampling import TokenSampler, apply_repetition_penalty
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
+from vllm_omni.models.qwen3_omni.messages import ThinkerPrefill
 from vllm_omni.models.qwen3_omni.prompt import ThinkerPrompt
-from vllm_omni.models.sampling import TokenSampler, apply_repetition_penalty
 
 
 def mrope_positions(start: int, length: int) -> torch.Tensor:
     """[4, 1, length] positions (text row + t/h/w rows); equal rows for text and audio input."""
     return torch.arange(start, start + length).view(1, 1, -1).expand(4, 1, -1)
-
-
-@dataclass
-class ThinkerPrefill:
-    first_token: int
-    embeddings: torch.Tensor  # [P, H] layer-0 hidden states (inputs after the multimodal merge)
-    accept_hidden: torch.Tensor  # [P, H] input of layer `accept_hidden_layer`
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Qwen3-Omni as a stage graph: thinker -> talker -> code2wav, and the connectors between.
+"""Qwen3-Omni as a model family (`engine/family.py`): thinker -> talker -> code2wav.
 
 The engine asks this object for the stage programs, for the first messages of a request,
 and, for every event a stage emits, which messages go to which downstream stage. The
@@ -15,31 +15,34 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from vllm_omni.config import CodecChunking, DeployConfig, SamplingParams
-from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
-from vllm_omni.models.qwen3_omni.prompt import ThinkerPrompt, render_prompt
-from vllm_omni.models.qwen3_omni.stages import (
-    Code2WavProgram,
+from vllm_omni.engine.family import Route
+from vllm_omni.engine.request import AudioInputStream
+from vllm_omni.engine.stage_api import AsyncStageDriver, StageDone, StageProgram, TextToken
+from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint, load_checkpoint
+from vllm_omni.models.qwen3_omni.messages import (
+    SAMPLE_RATE,
     CodecChunk,
     CodecFrame,
     TalkerJob,
-    TalkerProgram,
     ThinkerFinished,
     ThinkerJob,
     ThinkerPrefilled,
-    ThinkerProgram,
     TrailingText,
 )
+from vllm_omni.models.qwen3_omni.prompt import ThinkerPrompt, render_prompt
 from vllm_omni.models.qwen3_omni.talker_bridge import speaker_codec_id
-from vllm_omni.models.qwen3_omni.vllm_talker import VllmTalkerDriver
-from vllm_omni.models.qwen3_omni.vllm_thinker import VllmThinkerDriver
-from vllm_omni.models.stage_api import AsyncStageDriver, StageDone, StageProgram, TextToken
+from vllm_omni.models.qwen3_omni.torch_backend.programs import Code2WavProgram, TalkerProgram, ThinkerProgram
+from vllm_omni.models.qwen3_omni.vllm_backend.talker import VllmTalkerDriver
+from vllm_omni.models.qwen3_omni.vllm_backend.thinker import VllmThinkerDriver
 
-Route = list[tuple[str, object]]
+DEFAULT_SPEAKER = "ethan"
+
 
 
 class CodecChunker:
@@ -82,8 +85,13 @@ class RouteState:
     held_for_talker: Route = field(default_factory=list)
 
 
-class Qwen3OmniPipeline:
-    ROLES = ("thinker", "talker", "code2wav")
+class Qwen3OmniFamily:
+    name = "qwen3_omni"
+    roles = ("thinker", "talker", "code2wav")
+    edges = (("thinker", "talker"), ("talker", "code2wav"))
+    text_role = "thinker"
+    audio_token_role = "talker"
+    output_sample_rate = SAMPLE_RATE
 
     def __init__(self, checkpoint: Qwen3OmniCheckpoint, deploy: DeployConfig,
                  code2wav_mode: str = "exact"):
@@ -93,6 +101,19 @@ class Qwen3OmniPipeline:
         connector = next((c for c in deploy.connectors if c.to_stage == code2wav_id and c.extra is not None), None)
         self.chunking = connector.extra if connector is not None else CodecChunking()
         self.code2wav_mode = code2wav_mode
+
+    @classmethod
+    def load(cls, model: str | Path, deploy: DeployConfig, code2wav_mode: str = "exact") -> Qwen3OmniFamily:
+        """Load the checkpoint for `deploy`: with both autoregressive stages in vLLM engines, this
+        process runs only code2wav and the bridge, so only their weights are read."""
+        for stage in deploy.stages:
+            if stage.backend == "vllm" and stage.role not in ("thinker", "talker"):
+                raise ValueError(f"stage {stage.stage_id} ({stage.role}): backend 'vllm' serves the "
+                                 "autoregressive stages (thinker, talker); use backend: torch")
+        dtype = deploy.stage_by_role("thinker").engine_args.dtype or "float32"
+        engines_hold_weights = all(deploy.stage_by_role(role).backend == "vllm" for role in ("thinker", "talker"))
+        checkpoint = load_checkpoint(model, dtype=dtype, bridge_only=engines_hold_weights)
+        return cls(checkpoint, deploy, code2wav_mode=code2wav_mode)
 
     def make_programs(self) -> dict[str, StageProgram | AsyncStageDriver]:
         """Per role: a step program (torch backend) or an engine driver (vllm backend)."""
@@ -125,16 +146,30 @@ class Qwen3OmniPipeline:
     def render(self, messages: Sequence[dict[str, Any]], audio_features: Sequence[torch.Tensor]) -> ThinkerPrompt:
         return render_prompt(self.checkpoint.tokenizer, self.checkpoint.config, messages, audio_features)
 
+    @property
+    def speakers(self) -> list[str]:
+        return sorted(self.checkpoint.config.talker_config.speaker_id)
+
+    @property
+    def default_speaker(self) -> str | None:
+        return DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else next(iter(self.speakers), None)
+
+    def audio_stream(self) -> AudioInputStream:
+        return AudioInputStream()  # Whisper-style 128-bin log-mel at 16 kHz, as the audio encoder takes
+
     def check_speaker(self, speaker: str) -> None:
         speaker_codec_id(self.checkpoint.config, speaker)
 
     def final_role(self, state: RouteState) -> str:
-        return "code2wav" if state.wants_audio else "thinker"
+        """code2wav ends a spoken answer; the thinker ends a text answer, and a spoken one whose
+        talker never started (the thinker ended before its first token: nothing to speak)."""
+        return "code2wav" if state.wants_audio and state.talker_started else "thinker"
 
-    def start(self, request_id: str, prompt: ThinkerPrompt, thinker_sampling: SamplingParams,
-              talker_sampling: SamplingParams, speaker: str, wants_audio: bool) -> tuple[RouteState, Route]:
-        state = RouteState(request_id=request_id, wants_audio=wants_audio, speaker=speaker,
-                           talker_sampling=talker_sampling,
+    def start(self, request_id: str, prompt: ThinkerPrompt, sampling: dict[str, SamplingParams],
+              speaker: str | None, wants_audio: bool) -> tuple[RouteState, Route]:
+        thinker_sampling = sampling["thinker"]
+        state = RouteState(request_id=request_id, wants_audio=wants_audio, speaker=speaker or DEFAULT_SPEAKER,
+                           talker_sampling=sampling["talker"],
                            chunker=CodecChunker(self.chunking, streaming=self.deploy.async_chunk),
                            async_chunk=self.deploy.async_chunk)
         return state, [("thinker", ThinkerJob(prompt, thinker_sampling, report_prefill=wants_audio))]
@@ -159,8 +194,8 @@ class Qwen3OmniPipeline:
             if event.fed and not first:  # the first token is part of the talker's prompt
                 out.append(("talker", TrailingText((event.token_id,))))
         elif isinstance(event, StageDone):
-            if not state.talker_started:  # nothing to speak: close the audio path at once
-                return [("code2wav", CodecChunk(state.chunker.flush(), final=True))]
+            if not state.talker_started:  # nothing to speak: the request ends with the thinker
+                return []
             out.append(("talker", ThinkerFinished()))
         if state.async_chunk:
             return out

@@ -1,0 +1,1 @@
+"""Generic vLLM plumbing: AsyncLLM setup, devices, sampling conversion, runner-extension workers, tensor transport."""

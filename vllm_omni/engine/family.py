@@ -1,0 +1,77 @@
+"""The contract a model family implements so the engine can drive its pipeline.
+
+The engine knows nothing of any model: it asks the family for its stage programs (one per
+role the deploy config declares), how a conversation becomes the first stage's prompt, the
+messages that start a request, and, for every event a stage emits, which messages go to
+which stage. A family routes only along the edges it declares, and the deploy config must
+declare a connector for each (`engine/graph.py`). Families register by checkpoint
+architecture in `vllm_omni/models/registry.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from vllm_omni.config import DeployConfig, SamplingParams
+from vllm_omni.engine.request import AudioInputStream
+from vllm_omni.engine.stage_api import AsyncStageDriver, StageProgram
+
+Route = list[tuple[str, object]]  # (role of the receiving stage, message)
+
+
+class Prompt(Protocol):
+    """A rendered first-stage prompt; its length counts against the model's context."""
+
+    def __len__(self) -> int: ...
+
+
+class ModelFamily(Protocol):
+    name: str  # as the registry (models/registry.py) knows it
+    roles: tuple[str, ...]  # stage roles the pipeline needs, upstream first
+    edges: tuple[tuple[str, str], ...]  # (from role, to role) pairs the router sends along
+    text_role: str  # the stage writing the text answer: its tokens, finish reason and limits
+    audio_token_role: str | None  # the stage whose outputs count as audio tokens (usage)
+    deploy: DeployConfig
+
+    @property
+    def output_sample_rate(self) -> int:
+        """Rate of the audio the family's last stage produces."""
+
+    @property
+    def speakers(self) -> list[str]:
+        """Voice names (lower case); empty for a model without voices."""
+
+    @property
+    def default_speaker(self) -> str | None: ...
+
+    @property
+    def tokenizer(self) -> Any:
+        """Hugging Face tokenizer of the text stage (for detokenising its tokens)."""
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt the text stage takes."""
+
+    def audio_stream(self) -> AudioInputStream:
+        """A stream computing the family's audio input features as samples arrive."""
+
+    def make_programs(self) -> dict[str, StageProgram | AsyncStageDriver]:
+        """Per role: a step program (torch backend) or an engine driver (vllm backend)."""
+
+    def render(self, messages: Sequence[dict[str, Any]], audio_features: Sequence[Any]) -> Prompt:
+        """The first stage's prompt from chat-template messages (content parts of type 'text'
+        or 'audio'); `audio_features[i]` belongs to the i-th audio part."""
+
+    def check_speaker(self, speaker: str) -> None:
+        """Raise ValueError naming the known voices if `speaker` is not one."""
+
+    def start(self, request_id: str, prompt: Prompt, sampling: dict[str, SamplingParams], speaker: str | None,
+              wants_audio: bool) -> tuple[Any, Route]:
+        """Per-request routing state and the messages that start the request."""
+
+    def route(self, state: Any, role: str, event: object) -> Route:
+        """Messages caused by `event` from the stage `role` (called under the engine's lock)."""
+
+    def final_role(self, state: Any) -> str:
+        """The stage whose `StageDone` ends the request."""

@@ -1,0 +1,1 @@
+"""Tiny random-weight Qwen3-Omni checkpoints for CPU development and tests."""

@@ -1,0 +1,58 @@
+"""Which session a connection gets: from the route it came by (lane asked for) and the deploy's
+`session_mode` (realtime-protocol.md §1.1). A new session kind is a module plus an entry here;
+the server only calls `route` and the opener it returns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vllm_omni.engine.interface import EngineClient
+from vllm_omni.protocol.server_events import new_id, session_created
+from vllm_omni.protocol.session_config import SessionConfig
+from vllm_omni.protocol.states import Lane, SessionMode
+from vllm_omni.session.base import Emit, RealtimeSession, SessionOptions
+from vllm_omni.session.legacy_session import LegacySession
+from vllm_omni.session.turn_lanes import TurnLanes
+from vllm_omni.session.turn_session import TurnSession
+
+TRUE_VALUES = {"1", "true", "yes", "on"}
+
+Opener = Callable[[str, Emit], RealtimeSession]  # (model, emit) -> the session, greeted
+
+
+class SessionRefused(Exception):
+    """No session kind serves this route on this deploy: a route-level error (the flat shape),
+    sent before any session exists; the socket then closes with 1008."""
+
+    def __init__(self, message: str, code: str = "unsupported"):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class SessionFactory:
+    def __init__(self, engine: EngineClient, options: SessionOptions):
+        self.engine = engine
+        self.options = options
+
+    def route(self, *, duplex_endpoint: bool, duplex_query: str | None) -> Opener:
+        """The opener for a connection to /v1/duplex (`duplex_endpoint`) or to /v1/realtime with
+        this `duplex` query value; raises SessionRefused where this deploy has none."""
+        duplex_asked = duplex_query is not None and duplex_query.lower() in TRUE_VALUES
+        if self.options.session_mode is SessionMode.TURN:
+            if duplex_endpoint:
+                raise SessionRefused("Duplex API is not available")
+            if duplex_asked:
+                raise SessionRefused("VAD realtime is not enabled")
+            return self._open_turn
+        if not duplex_endpoint and duplex_query is not None and not duplex_asked:
+            raise SessionRefused("Realtime API is not available")
+        raise SessionRefused(f"no session kind serves the {Lane.DUPLEX.value} lane yet "
+                             f"(session_mode: {self.options.session_mode.value})")
+
+    def _open_turn(self, model: str, emit: Emit) -> RealtimeSession:
+        """A turn-mode session: GA lane, or legacy if the client's first events ask for it;
+        session.created (readable in both dialects) goes out at once."""
+        config = SessionConfig(id=new_id("sess_"), model=model)
+        ga = TurnSession(self.engine, config, self.options, emit)
+        emit(session_created(ga.session_object(), legacy_id=new_id("sess-")))
+        return TurnLanes(ga, lambda: LegacySession(self.engine, config, self.options, emit))

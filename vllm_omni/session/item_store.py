@@ -1,0 +1,153 @@
+"""The conversation of a turn-mode session: items clients create, delete, retrieve and
+truncate, items the session adds, and the cap on the user speech it keeps."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from vllm_omni.audio.formats import AudioDataError, AudioFormat, InputConverter, check_rate, decode_base64
+from vllm_omni.audio.silero_vad import samples_to_ms
+from vllm_omni.engine.interface import EngineClient
+from vllm_omni.protocol import client_events as ce
+from vllm_omni.protocol.errors import ProtocolError
+from vllm_omni.protocol.server_events import event, new_id
+from vllm_omni.protocol.session_config import parse_format
+from vllm_omni.session.base import Emit
+from vllm_omni.session.conversation import Conversation, Item, announce
+from vllm_omni.session.input_track import MIN_TURN_AUDIO_MS, MIN_TURN_SAMPLES
+
+
+class ItemStore:
+    def __init__(self, engine: EngineClient, emit: Emit, *, session_id: str,
+                 max_history_audio_ms: int):
+        self.engine = engine
+        self._emit = emit
+        self.session_id = session_id
+        self.max_history_audio_ms = max_history_audio_ms
+        self.conversation = Conversation()
+
+    # Client events ------------------------------------------------------------------------
+
+    async def create(self, ev: ce.ConversationItemCreate) -> Item:
+        """conversation.item.create: a message item, its audio turned into features."""
+        raw = ev.item
+        if raw is None:
+            raise ProtocolError("bad_event", "conversation.item.create requires item", "item")
+        if raw.type == "function_call_output":
+            raise ProtocolError("invalid_function_call_output", "no function call of this session matches",
+                                "item.call_id")
+        if raw.type != "message":
+            raise ProtocolError("bad_event", f"unsupported item type {raw.type!r}", "item.type")
+        if raw.id is not None and self.conversation.find(raw.id) is not None:
+            raise ProtocolError("bad_event", f"an item with id {raw.id!r} already exists", "item.id")
+        item = Item(id=raw.id or new_id("item_"), role=raw.role)
+        texts, audio = [], []
+        for index, part in enumerate(raw.content):
+            where = f"item.content.{index}"
+            if isinstance(part, ce.TextPart):
+                texts.append(part.text)
+            elif isinstance(part, ce.ImagePart):
+                raise ProtocolError("unsupported", "this model does not take image input", where)
+            elif raw.role != "user":
+                raise ProtocolError("bad_event", f"{raw.role} items cannot carry audio", where)
+            else:
+                audio.append(_part_audio(part, where))
+                item.transcript = part.transcript or item.transcript
+        item.text = "".join(texts) or None
+        if audio:
+            samples = np.concatenate(audio)
+            if samples.size < MIN_TURN_SAMPLES:
+                raise ProtocolError("bad_audio", f"item audio is {samples_to_ms(samples.size)} ms long; at least "
+                                    f"{MIN_TURN_AUDIO_MS} ms is required", "item.content")
+            item.stream = self.engine.create_audio_stream()
+            await asyncio.to_thread(item.stream.append, samples)  # features of a long clip: off the event loop
+            item.audio_ms = samples_to_ms(samples.size)
+        previous = self.add(item, ev.previous_item_id)
+        announce(self._emit, previous, item)
+        if audio:
+            self._emit(event("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id))
+        self._emit(event("conversation.item.done", previous_item_id=previous, item=item.to_wire()))
+        return item
+
+    def delete(self, ev: ce.ItemReference) -> None:
+        item = self.get(ev.item_id)
+        self.conversation.remove(item.id)
+        self._emit(event("conversation.item.deleted", item_id=item.id,
+                         event={"type": "conversation.item.deleted", "session_id": self.session_id,
+                                "item_id": item.id, "deleted": True}))
+
+    def retrieve(self, ev: ce.ItemReference) -> None:
+        self._emit(event("conversation.item.retrieved", item=self.get(ev.item_id).to_wire()))
+
+    def truncate(self, ev: ce.ConversationItemTruncate) -> tuple[Item, int]:
+        """conversation.item.truncate of an assistant item's audio; returns the item and the
+        kept audio (ms) for the response's playback ledger."""
+        item = self.get(ev.item_id)
+        if item.role != "assistant":
+            raise ProtocolError("bad_event", "conversation.item.truncate only supports assistant message items",
+                                "item_id")
+        if ev.content_index != 0:
+            raise ProtocolError("bad_event", "conversation.item.truncate content_index out of range",
+                                "content_index")
+        if ev.audio_end_ms is None:
+            raise ProtocolError("bad_event", "conversation.item.truncate requires audio_end_ms", "audio_end_ms")
+        end = int(ev.audio_end_ms)
+        if end > item.audio_duration_ms:
+            raise ProtocolError("bad_event", "audio_end_ms exceeds item audio duration", "audio_end_ms")
+        self._emit(event("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=end,
+                         event={"type": "conversation.item.truncated", "session_id": self.session_id,
+                                "item_id": item.id, "truncated": True}))
+        return item, end
+
+    # Session side -------------------------------------------------------------------------
+
+    def get(self, item_id: str | None) -> Item:
+        if not item_id:
+            raise ProtocolError("missing_item_id", "item_id is required", "item_id")
+        item = self.conversation.find(item_id)
+        if item is None:
+            raise ProtocolError("item_not_found", f"Conversation item not found: {item_id}", "item_id")
+        return item
+
+    def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
+        """Insert `item` after `previous_item_id` (None: at the end, "root": first); user speech
+        beyond the cap leaves the history oldest-first. Returns the id of the item before it."""
+        previous = self._insert(item, previous_item_id)
+        self.conversation.drop_oldest_audio(self.max_history_audio_ms)
+        return previous
+
+    def _insert(self, item: Item, previous_item_id: str | None) -> str | None:
+        if previous_item_id is None:
+            return self.conversation.add(item)
+        if previous_item_id == "root":
+            self.conversation.items.insert(0, item)
+            return None
+        anchor = self.conversation.find(previous_item_id)
+        if anchor is None:
+            raise ProtocolError("item_not_found", f"Conversation item not found: {previous_item_id}",
+                                "previous_item_id")
+        self.conversation.items.insert(self.conversation.items.index(anchor) + 1, item)
+        return previous_item_id
+
+    def clear(self) -> None:
+        self.conversation.items.clear()
+
+
+def _part_audio(part: ce.AudioPart, where: str) -> np.ndarray:
+    """One audio part decoded to 16 kHz samples; empty parts are refused."""
+    fmt = parse_format(part.format, output=False, param=f"{where}.format") if part.format is not None \
+        else AudioFormat("pcm16", 16000)
+    try:
+        rate = check_rate(part.sample_rate_hz)
+        if rate is not None:
+            fmt = AudioFormat(fmt.name, rate)
+        samples = InputConverter().convert(decode_base64(part.audio or part.data or ""), fmt)
+    except AudioDataError as exc:
+        raise ProtocolError("bad_audio", str(exc), f"{where}.audio") from None
+    except ValueError as exc:
+        raise ProtocolError("bad_event", str(exc), f"{where}.sample_rate_hz") from None
+    if samples.size == 0:
+        raise ProtocolError("bad_audio", "item audio is empty", f"{where}.audio")
+    return samples

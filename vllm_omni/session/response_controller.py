@@ -1,0 +1,183 @@
+"""Responses of a turn-mode session: create (or defer one while another is active), cancel,
+and the playback ledger clients acknowledge. At most one response is active at a time."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from vllm_omni.engine.interface import EngineClient
+from vllm_omni.engine.request import OmniRequest
+from vllm_omni.protocol import client_events as ce
+from vllm_omni.protocol.errors import ProtocolError
+from vllm_omni.protocol.server_events import event, new_id
+from vllm_omni.protocol.session_config import SessionConfig
+from vllm_omni.protocol.states import ResponseStatus
+from vllm_omni.session.base import Emit
+from vllm_omni.session.conversation import Conversation, Item
+from vllm_omni.session.response import ResponseRun
+from vllm_omni.session.response_options import ResponseOptions, response_options
+
+MAX_KEPT_RESPONSES = 64  # finished responses a session still answers playback acks for
+
+
+class ResponseController:
+    """`config` gives the session's current settings; `on_started` / `on_completed` tell the
+    session when a response starts and when one completes (for its idle timer)."""
+
+    def __init__(self, engine: EngineClient, emit: Emit, *,
+                 conversation: Conversation, config: Callable[[], SessionConfig], default_speaker: str | None,
+                 on_started: Callable[[], None], on_completed: Callable[[ResponseRun], None]):
+        self.engine = engine
+        self._emit = emit
+        self.conversation = conversation
+        self._config = config
+        self.default_speaker = default_speaker
+        self._on_started, self._on_completed = on_started, on_completed
+        self.epoch = 0  # barge-ins and cancels so far
+        self.active: ResponseRun | None = None
+        self.responses: dict[str, ResponseRun] = {}
+        self.last_response: ResponseRun | None = None
+        self.unanswered = False  # user input in the conversation that no response has answered yet
+        self._deferred = False  # a server-initiated response waits for the active one to end
+
+    # Creating ---------------------------------------------------------------------------------
+
+    def create(self, ev: ce.ResponseCreate) -> None:
+        """response.create."""
+        if self.active is not None:
+            raise ProtocolError("response_already_active",
+                                "response.create cannot start while another response is active.")
+        if not self.unanswered:
+            raise ProtocolError("response_create_without_input",
+                                "response.create requires committed audio or text to answer")
+        self._start(self._options(ev.response.model_dump(exclude_unset=True)))
+
+    def respond_or_defer(self) -> None:
+        """Answer the new input now, or once the active response has completed."""
+        if self.active is not None:
+            self._deferred = True
+        else:
+            self._start(self._options({}))
+
+    def _options(self, overrides: dict[str, Any]) -> ResponseOptions:
+        return response_options(self._config(), overrides, self.engine.speakers, self.default_speaker)
+
+    def _start(self, options: ResponseOptions) -> None:
+        self._on_started()
+        config = self._config()
+        response_id = new_id("resp_")
+        item = Item(id=f"item_{response_id}", role="assistant", status="in_progress")
+        messages = self.conversation.messages(options.instructions)
+        # An out-of-band answer (conversation "none") is streamed with its item events but
+        # does not enter the history, and leaves the turn unanswered in the conversation.
+        previous = self.conversation.add(item) if options.in_conversation else self.conversation.last_id()
+        run = ResponseRun(response_id, options, item, session_id=config.id, emit=self._emit, on_done=self._done)
+        self.active = self.last_response = run
+        self.responses[response_id] = run
+        if options.in_conversation:
+            self.unanswered = False
+        request = OmniRequest(messages, request_id=f"{config.id}-{response_id}", speaker=options.speaker,
+                              modalities=tuple(options.modalities),
+                              max_output_tokens=options.max_output_tokens if options.client_limited else None,
+                              temperature=options.temperature)
+        run.start(self.engine, request, previous)
+
+    def _done(self, run: ResponseRun) -> None:
+        if self.active is run:
+            self.active = None
+        while len(self.responses) > MAX_KEPT_RESPONSES:  # acks and cancels name recent responses only
+            del self.responses[next(iter(self.responses))]
+        completed = run.status is ResponseStatus.COMPLETED
+        if completed:
+            self._on_completed(run)
+        if self._deferred and completed and self.unanswered:
+            self._deferred = False
+            self._start(self._options({}))
+        elif not completed:
+            self._deferred = False
+
+    # Cancelling -------------------------------------------------------------------------------
+
+    def cancel_active(self, reason: str) -> bool:
+        """Cancel the active response (its text is cut to what was played); False if none."""
+        run = self.active
+        if run is None:
+            return False
+        self.epoch += 1
+        run.cut_transcript(run.playback["committed_ms"])
+        return run.cancel(self.engine, reason)
+
+    def cancel(self, ev: ce.ResponseReference) -> None:
+        """response.cancel (of the active response, or the one it names)."""
+        if ev.response_id:
+            run = self.responses.get(ev.response_id)
+            if run is None or run.done:
+                raise ProtocolError("response_not_active", f"Response is already complete: {ev.response_id}",
+                                    "response_id")
+            if run is not self.active:
+                raise ProtocolError("response_not_active", f"Response is not active: {ev.response_id}",
+                                    "response_id")
+        elif self.active is None:
+            raise ProtocolError("response_not_active", "response.cancel requires an active response")
+        self.cancel_active("client_cancelled")
+
+    def clear_output(self, ev: ce.ResponseReference) -> None:
+        """output_audio_buffer.clear: the client dropped the audio; an active response stops."""
+        run = self.responses.get(ev.response_id) if ev.response_id else (self.active or self.last_response)
+        self._emit(event("output_audio_buffer.cleared", response_id=run.id if run else None))
+        if run is not None and run is self.active:
+            self.cancel_active("output_audio_buffer_clear")
+
+    # Playback ledger --------------------------------------------------------------------------
+
+    def playback_ack(self, ev: ce.PlaybackAck) -> None:
+        """playback.ack: how much of a response's audio the client played (and keeps)."""
+        response_id = ev.response_id
+        if response_id is None and ev.item_id and ev.item_id.startswith("item_"):
+            response_id = ev.item_id[len("item_"):]
+        if ev.item_id and response_id and ev.item_id != f"item_{response_id}":
+            raise ProtocolError("playback_item_mismatch", "item_id must be item_<response_id>", "item_id")
+        run = self.responses.get(response_id) if response_id else (self.active or self.last_response)
+        if run is None:
+            raise ProtocolError("playback_item_not_found", "no assistant item for that response", "response_id")
+        if ev.played_ms is None:
+            raise ProtocolError("bad_event", "playback.ack requires numeric played_ms", "played_ms")
+        played = max(0, int(ev.played_ms))
+        committed = max(0, int(ev.committed_ms)) if ev.committed_ms is not None else played
+        run.playback["played_ms"] = max(run.playback["played_ms"], played)
+        run.playback["committed_ms"] = max(run.playback["committed_ms"], committed)
+        if ev.truncate:
+            run.cut_transcript(committed)
+        self._acknowledged(run.item.id, played, committed, ev.truncate, run)
+
+    def truncated(self, item: Item, audio_end_ms: int) -> None:
+        """After conversation.item.truncate: the item's response keeps what was played."""
+        run = next((r for r in self.responses.values() if r.item is item), None)
+        if run is not None:
+            run.cut_transcript(audio_end_ms)
+            run.playback["played_ms"] = run.playback["committed_ms"] = audio_end_ms
+        self._acknowledged(item.id, audio_end_ms, audio_end_ms, True, run)
+
+    def _acknowledged(self, item_id: str, played: int, committed: int, truncate: bool,
+                      run: ResponseRun | None) -> None:
+        self._emit(event("playback.acknowledged", event={
+            "type": "playback.acknowledged", "session_id": self._config().id, "epoch": self.epoch,
+            "item_id": item_id, "played_ms": played, "committed_ms": committed, "truncate": truncate,
+            "playback": dict(run.playback) if run else {}, "history_committed": truncate}))
+
+    # End --------------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop every response (no cancelled response.done is sent)."""
+        run = self.active
+        if run is not None and not run.done:
+            run.done = True
+            if run.request_id:
+                await self.engine.abort(run.request_id)
+        tasks = [r.task for r in self.responses.values() if r.task is not None and not r.task.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.active = None
