@@ -173,3 +173,16 @@ def test_talker_ending_before_the_thinker_frees_its_slot(tiny_loaded) -> None:
         assert all(r["final"].finish_reason in ("stop", "length") and len(r["pcm"]) > 0 for r in results)
     finally:
         single.shutdown()
+
+
+def test_thinker_stops_at_a_requested_stop_token(engine) -> None:
+    """`stop_token_ids` ends the text answer on the torch backend as on vLLM: the stop token is
+    the last one and the finish reason is "stop"."""
+    full = asyncio.run(run_request(engine, request(text="Stop early.", modalities=("text",))))["final"]
+    assert len(full.token_ids) >= 3
+    stop = full.token_ids[2]
+    cut = OmniRequest([Message("user", text="Stop early.")], modalities=("text",),
+                      sampling={"thinker": {"max_tokens": 12, "stop_token_ids": [stop]}})
+    final = asyncio.run(run_request(engine, cut))["final"]
+    assert final.token_ids == full.token_ids[: full.token_ids.index(stop) + 1]
+    assert final.finish_reason == "stop"

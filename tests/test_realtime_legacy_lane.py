@@ -1,4 +1,4 @@
-"""The seed turn-mode client (legacy lane, realtime-protocol.md §1.2, §5.6) against a real server."""
+"""The seed turn-mode client (legacy lane, docs/realtime-api.md §1.2, §8.3) against a real server."""
 
 from __future__ import annotations
 

@@ -134,7 +134,7 @@ def samples_to_ms(samples: int) -> int:
 
 
 class VadDetector:
-    """Streaming endpointing (realtime-protocol.md §10.3) over 16 kHz float32 input."""
+    """Streaming endpointing (docs/realtime-api.md §7.2) over 16 kHz float32 input."""
 
     def __init__(self, model: SileroModel, config: VadConfig, start_sample: int = 0):
         self.model, self.config = model, config

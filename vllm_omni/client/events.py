@@ -21,7 +21,7 @@ def session_update(session: ce.SessionSettings) -> dict[str, Any]:
 
 
 def input_audio_append(pcm: bytes, video_frames: Sequence[str] | None = None) -> dict[str, Any]:
-    """`video_frames`: bare base64 images bound to this append (§6.3)."""
+    """`video_frames`: bare base64 images bound to this append (docs/realtime-api.md §13.2)."""
     frames = {} if video_frames is None else {"video_frames": list(video_frames)}
     return wire(ce.InputAudioBufferAppend(type="input_audio_buffer.append", audio=base64.b64encode(pcm).decode(),
                                           **frames))

@@ -1,4 +1,4 @@
-"""Client-observed latency of realtime responses (realtime-protocol.md §8.1).
+"""Client-observed latency of realtime responses (docs/realtime-api.md §12).
 
 All times are the client's monotonic receive times (`_t` on each received event). Values
 that are missing, negative or not finite are ignored, never fatal: a metric that cannot be

@@ -62,7 +62,7 @@ async def run_session(url: str, pcm: bytes, *, turns: int = 1, model: str | None
                 await conn.send(response_create())
             done = (await conn.until(RESPONSE_DONE, timeout=answer_timeout_s))[-1]
             record = collect(conn.events[first:]).responses.get((done.get("response") or {}).get("id"))
-            t0 = None if server_vad else conn.commit_times[-1]  # None: from response.created (§8.1)
+            t0 = None if server_vad else conn.commit_times[-1]  # None: from response.created (docs/realtime-api.md §12)
             result.turns.append(TurnResult(record, response_metrics(record.events if record else [], t0)))
             if record is not None and record.audio:
                 await conn.ack_playback(record.response_id, record.audio_ms)

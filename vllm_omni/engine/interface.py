@@ -31,3 +31,18 @@ class EngineClient(Protocol):
 
     async def abort(self, request_id: str) -> bool:
         """Stop a request in every stage; False if it is not running."""
+
+
+class ServedEngine(EngineClient, Protocol):
+    """What the server needs beyond sessions: health, load and shutdown."""
+
+    def unhealthy_stages(self) -> list[str]:
+        """Roles of stages whose worker or engine has died or is restarting."""
+
+    def num_active_requests(self) -> int: ...
+
+    def active_requests_by_stage(self) -> dict[str, int]: ...
+
+    def queue_depths(self) -> dict[str, int]: ...
+
+    def shutdown(self) -> None: ...

@@ -1,4 +1,4 @@
-"""One typed builder per GA server event (realtime-protocol.md §4).
+"""One typed builder per GA server event (docs/realtime-api.md §5).
 
 Each returns the wire dict `event(kind, ...)` gives, with a fresh `event_id` and its fields
 in wire order; a field that may be null (`previous_item_id`, a cleared buffer's

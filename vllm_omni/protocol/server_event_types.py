@@ -1,4 +1,4 @@
-"""The `type` of every server event the GA lane sends (realtime-protocol.md §4): one spelling,
+"""The `type` of every server event the GA lane sends (docs/realtime-api.md §5): one spelling,
 shared by the server's builders (server_event_builders) and the clients that read them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Server events (realtime-protocol.md §4): the generic wire shape and the shared pieces.
+"""Server events (docs/realtime-api.md §5): the generic wire shape and the shared pieces.
 
 GA-lane events get a fresh `event_id`; legacy-lane events use the flat [LEGACY] shapes. One
 typed builder per GA event kind is in server_event_builders.
@@ -38,7 +38,7 @@ def flat_error(code: str, message: str) -> dict[str, Any]:
 
 
 def session_created(session: dict[str, Any], legacy_id: str) -> dict[str, Any]:
-    """Readable by both dialects: GA `session` plus legacy `id` / `created` (§1.8)."""
+    """Readable by both dialects: GA `session` plus legacy `id` / `created` (docs/realtime-api.md §1.5)."""
     return event(SESSION_CREATED, session=session, id=legacy_id, created=int(time.time()))
 
 

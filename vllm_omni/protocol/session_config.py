@@ -2,7 +2,7 @@
 
 `apply_session_update(current, update)` returns a new effective configuration or raises
 `ProtocolError` and changes nothing (updates are atomic). Precedence between spellings
-follows realtime-protocol.md §2.1; validation order follows §2.4.
+follows docs/realtime-api.md §2.1; validation order follows §2.2.
 """
 
 from __future__ import annotations
@@ -266,7 +266,8 @@ def apply_session_update(current: SessionConfig, session: dict[str, Any], served
 
 
 def _apply_overlap_policy(policy: Any, td_sent: Any, updates: dict[str, Any], current: SessionConfig) -> None:
-    """§2.5: overlap_policy decides interrupt_response when that is absent; a conflict is an error."""
+    """overlap_policy decides interrupt_response when that is absent; a conflict is an error
+    (docs/realtime-api.md §2.5)."""
     code, param = "unsupported_turn_detection", "turn_detection"
     wants_barge_in = policy == "barge_in_on_speech"
     effective = updates.get("turn_detection", current.turn_detection)
@@ -284,7 +285,7 @@ def _apply_overlap_policy(policy: Any, td_sent: Any, updates: dict[str, Any], cu
 
 
 def session_object(config: SessionConfig, state: dict[str, Any]) -> dict[str, Any]:
-    """The `session` object of session.created / session.updated (§2.7)."""
+    """The `session` object of session.created / session.updated (docs/realtime-api.md §2.6)."""
     td = config.turn_detection.model_dump() if config.turn_detection else None
     return {
         "object": "realtime.session", "type": "realtime", "id": config.id, "model": config.model,

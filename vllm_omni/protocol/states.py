@@ -7,7 +7,7 @@ from enum import Enum
 
 
 class Lane(str, Enum):
-    """A connection's dialect (realtime-protocol.md §1.2)."""
+    """A connection's dialect (docs/realtime-api.md §1.2)."""
 
     GA = "ga"  # turn mode, GA events
     LEGACY = "legacy"  # turn mode, the vLLM transcription-style vocabulary
@@ -15,14 +15,14 @@ class Lane(str, Enum):
 
 
 class SessionMode(str, Enum):
-    """The deploy's `session_mode`: which handler serves /v1/realtime (§1.1)."""
+    """The deploy's `session_mode`: which handler serves /v1/realtime (docs/realtime-api.md §1.1)."""
 
     TURN = "turn"
     DUPLEX = "duplex"
 
 
 class ResponseStatus(str, Enum):
-    """`response.status` (§4.10)."""
+    """`response.status` (docs/realtime-api.md §5.7)."""
 
     IN_PROGRESS = "in_progress"
     COMPLETED = "completed"

@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from vllm_omni.engine.interface import ServedEngine
 from vllm_omni.metrics import prometheus as metrics
 from vllm_omni.server.auth import UNAUTHORIZED, authorized
 from vllm_omni.server.realtime import RealtimeConnection
@@ -19,7 +20,7 @@ from vllm_omni.server.settings import ServerSettings
 from vllm_omni.session.factory import SessionFactory
 
 
-def create_app(engine: Any, settings: ServerSettings) -> FastAPI:
+def create_app(engine: ServedEngine, settings: ServerSettings) -> FastAPI:
     sessions = [0]  # open realtime sessions (one event loop: a plain counter is enough)
     created = int(time.time())
     factory = SessionFactory(engine, settings.session_options())

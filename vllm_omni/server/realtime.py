@@ -24,7 +24,8 @@ from vllm_omni.metrics import prometheus as metrics
 from vllm_omni.protocol.client_events import canonical_type, client_event_id, parse_client_event
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.frames import decode_client_frame
-from vllm_omni.protocol.server_events import error_event, event, flat_error
+from vllm_omni.protocol.server_event_builders import session_closed
+from vllm_omni.protocol.server_events import error_event, flat_error
 from vllm_omni.protocol.states import Lane
 from vllm_omni.server.auth import UNAUTHORIZED, authorized
 from vllm_omni.server.outbox import Outbox
@@ -129,7 +130,7 @@ class RealtimeConnection:
         self._release_slot()
         self._close_reason = reason
         if self.session.lane is not Lane.LEGACY:
-            self.outbox.put(event("session.closed", session_id=self.session.id, reason=reason, event={}))
+            self.outbox.put(session_closed(session_id=self.session.id, reason=reason))
 
     async def _next_message(self, timeout: float) -> dict[str, Any] | None:
         """The next ASGI message, or None when the writer has ended (the peer is gone or stuck).

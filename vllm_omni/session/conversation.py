@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_omni.engine.request import AudioInputStream, Message
-from vllm_omni.protocol.server_events import event
+from vllm_omni.protocol.server_event_builders import item_added, item_created
 from vllm_omni.session.base import Emit
 
 
@@ -101,5 +101,5 @@ class Conversation:
 
 def announce(emit: Emit, previous_item_id: str | None, item: Item) -> None:
     """A new item's `conversation.item.added` and its beta spelling `conversation.item.created`."""
-    for kind in ("conversation.item.added", "conversation.item.created"):
-        emit(event(kind, previous_item_id=previous_item_id, item=item.to_wire()))
+    emit(item_added(previous_item_id=previous_item_id, item=item.to_wire()))
+    emit(item_created(previous_item_id=previous_item_id, item=item.to_wire()))

@@ -1,6 +1,6 @@
 """Which session a connection gets: from the route it came by (lane asked for) and the deploy's
-`session_mode` (realtime-protocol.md §1.1). A new session kind is a module plus an entry here;
-the server only calls `route` and the opener it returns."""
+`session_mode` (docs/realtime-api.md §1.1, §1.3, §13). A new session kind is a module plus an
+entry here; the server only calls `route` and the opener it returns."""
 
 from __future__ import annotations
 

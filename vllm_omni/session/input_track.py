@@ -1,6 +1,6 @@
 """The user's audio in a turn-mode session: format and conversion, the uncommitted buffer on
 the session's timeline, the engine's audio stream fed while the user speaks, server VAD
-(speech start / stop, server-initiated commits) and the idle timer (§2.4.1).
+(speech start / stop, server-initiated commits) and the idle timer (docs/realtime-api.md §2.4.1).
 
 Times are 16 kHz samples since the session started (`timeline`).
 """
@@ -27,7 +27,8 @@ from vllm_omni.engine.interface import EngineClient
 from vllm_omni.engine.request import AudioInputStream
 from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.errors import ProtocolError
-from vllm_omni.protocol.server_events import error_event, event, new_id
+from vllm_omni.protocol.server_event_builders import audio_buffer_timeout_triggered, speech_started, speech_stopped
+from vllm_omni.protocol.server_events import error_event, new_id
 from vllm_omni.protocol.session_config import TurnDetection, parse_format
 from vllm_omni.session.base import Emit
 from vllm_omni.session.conversation import Item
@@ -127,8 +128,7 @@ class InputTrack:
             self._feed_stream(result.end_sample if result.stopped else end)
         if result.stopped and self.segment_item is not None:
             item_id = self.segment_item
-            self._emit(event("input_audio_buffer.speech_stopped", audio_end_ms=samples_to_ms(result.end_sample),
-                             item_id=item_id))
+            self._emit(speech_stopped(audio_end_ms=samples_to_ms(result.end_sample), item_id=item_id))
             if result.should_commit:
                 self.segment_item = None
                 self._vad.reset()
@@ -149,8 +149,7 @@ class InputTrack:
         self._stream, self._fed_until = None, start
         self.segment_item = new_id("item_")
         self.disarm_idle_timer()
-        self._emit(event("input_audio_buffer.speech_started", audio_start_ms=samples_to_ms(start),
-                         item_id=self.segment_item))
+        self._emit(speech_started(audio_start_ms=samples_to_ms(start), item_id=self.segment_item))
         self._on_speech_started()
 
     def _feed_stream(self, upto: int) -> None:
@@ -167,8 +166,7 @@ class InputTrack:
 
     def _close_segment(self, emit_stop: bool) -> None:
         if self.segment_item is not None and emit_stop:
-            self._emit(event("input_audio_buffer.speech_stopped", audio_end_ms=samples_to_ms(self.timeline),
-                             item_id=self.segment_item))
+            self._emit(speech_stopped(audio_end_ms=samples_to_ms(self.timeline), item_id=self.segment_item))
         self.segment_item = None
         if self._vad is not None:
             self._vad.reset()
@@ -212,8 +210,9 @@ class InputTrack:
     # Idle timer ------------------------------------------------------------------------------
 
     def arm_idle_timer(self, answer_ms: int) -> None:
-        """§2.4.1: once an answer of `answer_ms` has played and `idle_timeout_ms` more pass
-        without speech, the (possibly empty) buffer is committed by the server."""
+        """docs/realtime-api.md §2.4.1: once an answer of `answer_ms` has played and
+        `idle_timeout_ms` more pass without speech, the (possibly empty) buffer is committed by
+        the server."""
         td = self.turn_detection
         if td is None or td.idle_timeout_ms is None or self._vad is None:
             return
@@ -231,8 +230,8 @@ class InputTrack:
         if self._busy() or self.segment_item is not None:
             return
         item_id = new_id("item_")
-        self._emit(event("input_audio_buffer.timeout_triggered", audio_start_ms=samples_to_ms(self.pending.start),
-                         audio_end_ms=samples_to_ms(self.timeline), item_id=item_id))
+        self._emit(audio_buffer_timeout_triggered(audio_start_ms=samples_to_ms(self.pending.start),
+                                                  audio_end_ms=samples_to_ms(self.timeline), item_id=item_id))
         self._vad.reset()
         self._on_server_commit(self._seal(self.timeline, item_id, server_initiated=True))
 

@@ -12,7 +12,14 @@ from vllm_omni.audio.silero_vad import samples_to_ms
 from vllm_omni.engine.interface import EngineClient
 from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.errors import ProtocolError
-from vllm_omni.protocol.server_events import event, new_id
+from vllm_omni.protocol.server_event_builders import (
+    audio_buffer_committed,
+    item_deleted,
+    item_done,
+    item_retrieved,
+    item_truncated,
+)
+from vllm_omni.protocol.server_events import new_id
 from vllm_omni.protocol.session_config import parse_format
 from vllm_omni.session.base import Emit
 from vllm_omni.session.conversation import Conversation, Item, announce
@@ -67,19 +74,17 @@ class ItemStore:
         previous = self.add(item, ev.previous_item_id)
         announce(self._emit, previous, item)
         if audio:
-            self._emit(event("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id))
-        self._emit(event("conversation.item.done", previous_item_id=previous, item=item.to_wire()))
+            self._emit(audio_buffer_committed(previous_item_id=previous, item_id=item.id))
+        self._emit(item_done(previous_item_id=previous, item=item.to_wire()))
         return item
 
     def delete(self, ev: ce.ItemReference) -> None:
         item = self.get(ev.item_id)
         self.conversation.remove(item.id)
-        self._emit(event("conversation.item.deleted", item_id=item.id,
-                         event={"type": "conversation.item.deleted", "session_id": self.session_id,
-                                "item_id": item.id, "deleted": True}))
+        self._emit(item_deleted(session_id=self.session_id, item_id=item.id))
 
     def retrieve(self, ev: ce.ItemReference) -> None:
-        self._emit(event("conversation.item.retrieved", item=self.get(ev.item_id).to_wire()))
+        self._emit(item_retrieved(item=self.get(ev.item_id).to_wire()))
 
     def truncate(self, ev: ce.ConversationItemTruncate) -> tuple[Item, int]:
         """conversation.item.truncate of an assistant item's audio; returns the item and the
@@ -96,9 +101,7 @@ class ItemStore:
         end = int(ev.audio_end_ms)
         if end > item.audio_duration_ms:
             raise ProtocolError("bad_event", "audio_end_ms exceeds item audio duration", "audio_end_ms")
-        self._emit(event("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=end,
-                         event={"type": "conversation.item.truncated", "session_id": self.session_id,
-                                "item_id": item.id, "truncated": True}))
+        self._emit(item_truncated(session_id=self.session_id, item_id=item.id, audio_end_ms=end))
         return item, end
 
     # Session side -------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """One response of a turn-mode session: an engine request and the events it produces.
 
-The response emits, in order (realtime-protocol.md §5.0 R(r)): response.created, the
+The response emits, in order (docs/realtime-api.md §6.0 R(r)): response.created, the
 assistant item, its parts, the deltas as the engine streams them, and the `*.done` block
 ending in response.done and rate_limits.updated — exactly once, whether it completes,
 fails or is cancelled. After `done` is set nothing more is emitted for it, so output of a
@@ -31,7 +31,23 @@ from vllm_omni.engine.request import (
 )
 from vllm_omni.metrics import prometheus as metrics
 from vllm_omni.protocol.errors import ProtocolError
-from vllm_omni.protocol.server_events import b64, error_event, event, response_object
+from vllm_omni.protocol.server_event_builders import (
+    content_part_added,
+    content_part_done,
+    item_done,
+    output_audio_delta,
+    output_audio_done,
+    output_audio_transcript_delta,
+    output_audio_transcript_done,
+    output_item_added,
+    output_item_done,
+    output_text_delta,
+    output_text_done,
+    rate_limits_updated,
+    response_created,
+    response_done,
+)
+from vllm_omni.protocol.server_events import b64, error_event, response_object
 from vllm_omni.protocol.states import ResponseStatus
 from vllm_omni.session.base import Emit
 from vllm_omni.session.conversation import Item, announce
@@ -41,7 +57,7 @@ logger = logging.getLogger(__name__)
 
 
 def stage_metrics_wire(metrics_by_stage: dict[str, StageMetrics]) -> dict[str, Any]:
-    """The engine's per-stage metrics in the spec's `stage_metrics` shape (§8.2), by stage id."""
+    """The engine's per-stage metrics in the `stage_metrics` shape (docs/realtime-api.md §5.8), by stage id."""
     return {str(m.stage_id): {
         "stage_id": m.stage_id, "role": m.role, "num_tokens_out": m.outputs,
         "vllm_ttft_ms": round((m.first_output_s or 0) * 1000, 3),
@@ -94,13 +110,12 @@ class ResponseRun:
     def start(self, engine: EngineClient, request: OmniRequest, previous_item_id: str | None) -> None:
         self.request_id = request.request_id
         self.previous_item_id = previous_item_id
-        self._emit(event("response.created", response_id=self.id, response=self._response(
+        self._emit(response_created(response=self._response(
             ResponseStatus.IN_PROGRESS, output=[], metadata=self.options.metadata)))
         announce(self._emit, previous_item_id, self.item)
-        self._emit(event("response.output_item.added", response_id=self.id, output_index=0, item=self.item.to_wire()))
+        self._emit(output_item_added(response_id=self.id, item=self.item.to_wire()))
         if self.wants_audio:
-            self._emit(event("response.content_part.added", **self._addr(0),
-                             part={"type": "audio", "transcript": ""}))
+            self._emit(content_part_added(**self._addr(0), part={"type": "audio", "transcript": ""}))
         self.task = asyncio.create_task(self._run(engine, request), name=f"response-{self.id}")
 
     async def _run(self, engine: EngineClient, request: OmniRequest) -> None:
@@ -131,12 +146,12 @@ class ResponseRun:
         self.transcript += text
         self.item.text = self.transcript
         if self.wants_audio:
-            self._emit(event("response.output_audio_transcript.delta", **self._addr(0), delta=text))
+            self._emit(output_audio_transcript_delta(**self._addr(0), delta=text))
             return
         if not self._text_part:
             self._text_part = True
-            self._emit(event("response.content_part.added", **self._addr(0), part={"type": "text", "text": ""}))
-        self._emit(event("response.output_text.delta", **self._addr(0), delta=text))
+            self._emit(content_part_added(**self._addr(0), part={"type": "text", "text": ""}))
+        self._emit(output_text_delta(**self._addr(0), delta=text))
 
     def _on_audio(self, chunk: AudioChunk) -> None:
         if not self._audio_sent:
@@ -148,10 +163,9 @@ class ResponseRun:
         self.item.audio_duration_ms = duration_ms
         self.playback["generated_ms"] = self.playback["sent_ms"] = duration_ms
         data, rate = encode_output(chunk.pcm16, chunk.sample_rate, self.options.output_format)
-        self._emit(event("response.output_audio.delta", **self._addr(0), delta=b64(data),
-                         format=self.options.output_format.name, sample_rate_hz=rate,
-                         metadata={"audio_duration_ms": duration_ms, "end_of_turn": False,
-                                   "playback": dict(self.playback), "session_id": self.session_id}))
+        self._emit(output_audio_delta(**self._addr(0), delta=b64(data), format=self.options.output_format.name,
+                                      sample_rate_hz=rate, audio_duration_ms=duration_ms, playback=self.playback,
+                                      session_id=self.session_id))
 
     def _on_finished(self, final: RequestFinished) -> None:
         self._stage_metrics = stage_metrics_wire(final.stage_metrics)
@@ -191,17 +205,16 @@ class ResponseRun:
         transcript = self.item.kept_text
         if self.wants_audio:
             if self._audio_sent or self.transcript:
-                self._emit(event("response.output_audio.done", **self._addr(0)))
+                self._emit(output_audio_done(**self._addr(0)))
             if transcript:
-                self._emit(event("response.output_audio_transcript.done", **self._addr(0), transcript=transcript))
-            self._emit(event("response.content_part.done", **self._addr(0),
-                             part={"type": "audio", "transcript": transcript}))
+                self._emit(output_audio_transcript_done(**self._addr(0), transcript=transcript))
+            self._emit(content_part_done(**self._addr(0), part={"type": "audio", "transcript": transcript}))
         elif self._text_part:
-            self._emit(event("response.output_text.done", **self._addr(0), text=transcript))
-            self._emit(event("response.content_part.done", **self._addr(0), part={"type": "text", "text": transcript}))
+            self._emit(output_text_done(**self._addr(0), text=transcript))
+            self._emit(content_part_done(**self._addr(0), part={"type": "text", "text": transcript}))
         item = self.item.to_wire()
-        self._emit(event("response.output_item.done", response_id=self.id, output_index=0, item=item))
-        self._emit(event("conversation.item.done", previous_item_id=self.previous_item_id, item=item))
+        self._emit(output_item_done(response_id=self.id, item=item))
+        self._emit(item_done(previous_item_id=self.previous_item_id, item=item))
         usage = None
         if final is not None:
             text_tokens, audio_tokens, prompt = final.usage.text_tokens, final.usage.audio_tokens, \
@@ -213,10 +226,9 @@ class ResponseRun:
                      "output_token_details": {"text_tokens": text_tokens, "audio_tokens": audio_tokens}}
         metadata = {**self.options.metadata, "vllm_omni": {"stage_metrics": self._stage_metrics},
                     "playback": dict(self.playback), "committed": status is ResponseStatus.COMPLETED}
-        self._emit(event("response.done", response_id=self.id,
-                         response=self._response(status, status_details=details, output=[item], usage=usage,
-                                                 metadata=metadata)))
-        self._emit(event("rate_limits.updated", rate_limits=[]))
+        self._emit(response_done(response=self._response(status, status_details=details, output=[item], usage=usage,
+                                                         metadata=metadata)))
+        self._emit(rate_limits_updated())
         metrics.RESPONSES.labels(status=status.value).inc()
         if self._audio_samples and self._sample_rate:
             metrics.RTF.observe((time.monotonic() - self._started_at) / (self._audio_samples / self._sample_rate))

@@ -11,7 +11,8 @@ from vllm_omni.engine.interface import EngineClient
 from vllm_omni.engine.request import OmniRequest
 from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.errors import ProtocolError
-from vllm_omni.protocol.server_events import event, new_id
+from vllm_omni.protocol.server_event_builders import output_audio_buffer_cleared, playback_acknowledged
+from vllm_omni.protocol.server_events import new_id
 from vllm_omni.protocol.session_config import SessionConfig
 from vllm_omni.protocol.states import ResponseStatus
 from vllm_omni.session.base import Emit
@@ -126,7 +127,7 @@ class ResponseController:
     def clear_output(self, ev: ce.ResponseReference) -> None:
         """output_audio_buffer.clear: the client dropped the audio; an active response stops."""
         run = self.responses.get(ev.response_id) if ev.response_id else (self.active or self.last_response)
-        self._emit(event("output_audio_buffer.cleared", response_id=run.id if run else None))
+        self._emit(output_audio_buffer_cleared(response_id=run.id if run else None))
         if run is not None and run is self.active:
             self.cancel_active("output_audio_buffer_clear")
 
@@ -162,10 +163,9 @@ class ResponseController:
 
     def _acknowledged(self, item_id: str, played: int, committed: int, truncate: bool,
                       run: ResponseRun | None) -> None:
-        self._emit(event("playback.acknowledged", event={
-            "type": "playback.acknowledged", "session_id": self._config().id, "epoch": self.epoch,
-            "item_id": item_id, "played_ms": played, "committed_ms": committed, "truncate": truncate,
-            "playback": dict(run.playback) if run else {}, "history_committed": truncate}))
+        self._emit(playback_acknowledged(session_id=self._config().id, epoch=self.epoch, item_id=item_id,
+                                         played_ms=played, committed_ms=committed, truncate=truncate,
+                                         playback=run.playback if run else {}, history_committed=truncate))
 
     # End --------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""A turn-mode connection's session before and after it picks its lane (realtime-protocol.md §1.2).
+"""A turn-mode connection's session before and after it picks its lane (docs/realtime-api.md §1.2).
 
 The lane is chosen by the first `session.update` (a top-level string `model` and no `session`
 object: legacy) or by the first event that is neither that nor an append (GA). Appends that

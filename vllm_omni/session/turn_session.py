@@ -14,10 +14,20 @@ from typing import Any
 from vllm_omni.engine.interface import EngineClient
 from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.errors import ProtocolError
-from vllm_omni.protocol.server_events import error_event, event
+from vllm_omni.protocol.server_event_builders import (
+    CommitRecord,
+    audio_buffer_cleared,
+    audio_buffer_committed,
+    heartbeat_ack,
+    input_transcription_completed,
+    item_done,
+    overlap_decision,
+    session_updated,
+)
+from vllm_omni.protocol.server_events import error_event
 from vllm_omni.protocol.session_config import SessionConfig, apply_session_update, session_object
 from vllm_omni.protocol.states import Lane
-from vllm_omni.session.base import Emit, SessionOptions, reporting
+from vllm_omni.session.base import ConfiguredSession, Emit, SessionOptions, reporting
 from vllm_omni.session.conversation import announce
 from vllm_omni.session.input_track import InputTrack, SealedTurn
 from vllm_omni.session.item_store import ItemStore
@@ -38,7 +48,7 @@ CAPABILITIES = {
 }
 
 
-class TurnSession:
+class TurnSession(ConfiguredSession):
     lane = Lane.GA
 
     def __init__(self, engine: EngineClient, config: SessionConfig, options: SessionOptions, emit: Emit):
@@ -73,17 +83,9 @@ class TurnSession:
             "response.cancel": self.responses.cancel,
             "output_audio_buffer.clear": self.responses.clear_output,
             "playback.ack": self.responses.playback_ack,
-            "session.heartbeat": lambda ev: self._emit(event("session.heartbeat_ack", session_id=self.id)),
+            "session.heartbeat": lambda ev: self._emit(heartbeat_ack(session_id=self.id)),
         }
         self.input.configure(config.turn_detection)
-
-    @property
-    def id(self) -> str:
-        return self.config.id
-
-    @property
-    def idle_timeout_s(self) -> float:
-        return self.config.idle_timeout_s
 
     def session_object(self) -> dict[str, Any]:
         active = self.responses.active
@@ -124,7 +126,7 @@ class TurnSession:
                                            vad_defaults=self.options.turn_detection_defaults)
         if self.config.turn_detection != before:
             self.input.configure(self.config.turn_detection)
-        self._emit(event("session.updated", session=self.session_object()))
+        self._emit(session_updated(session=self.session_object()))
 
     def _commit_input(self, ev: ce.InputAudioBufferCommit) -> None:
         self._commit(self.input.commit())
@@ -136,13 +138,13 @@ class TurnSession:
 
     def _clear_input(self, ev: ce.ClientEvent) -> None:
         self.input.clear()
-        self._emit(event("input_audio_buffer.cleared"))
+        self._emit(audio_buffer_cleared())
 
     def _cancel_input(self, ev: ce.ClientEvent) -> None:
         """input.cancel: drop the input and stop the answer (barge-in by the client)."""
         self.input.clear()
         if not self.responses.cancel_active("barge_in"):
-            self._emit(event("input_audio_buffer.cleared"))
+            self._emit(audio_buffer_cleared())
 
     def _append_text(self, ev: ce.InputTextAppend) -> None:
         if not isinstance(ev.text, str):
@@ -162,9 +164,8 @@ class TurnSession:
     def _speech_started(self) -> None:
         td = self.config.turn_detection
         if self.responses.active is not None and td is not None and td.interrupt_response:
-            self._emit(event("overlap.decision", session_id=self.id, epoch=self.responses.epoch,
-                             policy="barge_in_on_speech", action="barge_in", reason="server_vad_speech_started",
-                             metadata={}))
+            self._emit(overlap_decision(session_id=self.id, epoch=self.responses.epoch, policy="barge_in_on_speech",
+                                        action="barge_in", reason="server_vad_speech_started", metadata={}))
             self.responses.cancel_active("turn_detected")
 
     def _server_commit(self, sealed: SealedTurn) -> None:
@@ -173,21 +174,18 @@ class TurnSession:
             self.responses.respond_or_defer()
 
     def _commit(self, sealed: SealedTurn) -> None:
-        """The commit fan-out of a sealed user turn (realtime-protocol.md §5.0 C(X))."""
+        """The commit fan-out of a sealed user turn (docs/realtime-api.md §6.0 C(X))."""
         item = sealed.item
         previous = self.items.add(item)
         announce(self._emit, previous, item)
-        record = {"type": "input.committed", "session_id": self.id, "turn_id": self.turn_id,
-                  "epoch": self.responses.epoch, "history_len": len(self.items.conversation.items),
-                  "native_audio": True, "realtime_item_id": item.id}
-        if self.responses.active is not None:
-            record.update(overlap_deferred=True, response_create_deferred=True)
-        self._emit(event("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id, event=record))
+        record = CommitRecord(session_id=self.id, turn_id=self.turn_id, epoch=self.responses.epoch,
+                              history_len=len(self.items.conversation.items),
+                              deferred=self.responses.active is not None)
+        self._emit(audio_buffer_committed(previous_item_id=previous, item_id=item.id, record=record))
         if item.transcript:
-            self._emit(event("conversation.item.input_audio_transcription.completed", item_id=item.id,
-                             content_index=0, transcript=item.transcript,
-                             usage={"type": "duration", "seconds": sealed.samples / 16000}))
-        self._emit(event("conversation.item.done", previous_item_id=previous, item=item.to_wire()))
+            self._emit(input_transcription_completed(item_id=item.id, transcript=item.transcript,
+                                                     audio_seconds=sealed.samples / 16000))
+        self._emit(item_done(previous_item_id=previous, item=item.to_wire()))
         self.turn_id += 1
         self.responses.unanswered = True
 

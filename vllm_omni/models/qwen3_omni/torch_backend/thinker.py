@@ -35,13 +35,18 @@ class ThinkerSequence:
     generated: list[int] = field(default_factory=list)
 
     @property
-    def finished(self) -> bool:
+    def stopped(self) -> bool:
+        """The last token ends the answer: EOS or one of the request's `stop_token_ids` (as on vLLM)."""
         return bool(self.generated) and (self.generated[-1] == self.eos_token_id
-                                          or len(self.generated) >= self.sampling.max_tokens)
+                                          or self.generated[-1] in self.sampling.stop_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.stopped or len(self.generated) >= self.sampling.max_tokens
 
     @property
     def finish_reason(self) -> str:
-        return "stop" if self.generated and self.generated[-1] == self.eos_token_id else "length"
+        return "stop" if self.stopped else "length"
 
 
 class TorchThinker:
@@ -59,7 +64,7 @@ class TorchThinker:
     def _choose(self, seq: ThinkerSequence, logits: torch.Tensor) -> int:
         logits = apply_repetition_penalty(logits.float(), seq.generated, seq.sampling.repetition_penalty)
         if len(seq.generated) < seq.sampling.min_tokens and not seq.sampling.ignore_eos:
-            logits[seq.eos_token_id] = float("-inf")
+            logits[[seq.eos_token_id, *seq.sampling.stop_token_ids]] = float("-inf")
         token = seq.sampler.choose(logits)
         seq.generated.append(token)
         return token
