@@ -25,9 +25,10 @@ class RecordingFamily(Qwen3OmniFamily):
         self.frames: dict[str, list[tuple[int, ...]]] = {}
         self.last_render: tuple[list[dict[str, Any]], int] | None = None  # (messages, audio items)
 
-    def render(self, messages, audio_features):
+    def render(self, messages, audio_features, tools=(), call_tool=False):
         self.last_render = (list(messages), len(audio_features))
-        return super().render(messages, audio_features)
+        self.last_prompt = super().render(messages, audio_features, tools, call_tool)
+        return self.last_prompt
 
     def route(self, state, role, event):
         if isinstance(event, CodecFrame):

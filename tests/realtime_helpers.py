@@ -71,5 +71,6 @@ def fixture_pcm(name: str, trailing_silence_s: float = 0.0) -> bytes:
     return data + b"\0\0" * int(16000 * trailing_silence_s)
 
 
-async def connect(url: str, path: str = "/v1/realtime") -> Client:
-    return await Client.open(url + path)
+async def connect(url: str, path: str = "/v1/realtime", extensions: bool = True) -> Client:
+    """A client of `url`; `extensions=False`: a pure-GA session, as a third-party client gets."""
+    return await Client.open(url + path, extensions=extensions)

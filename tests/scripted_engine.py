@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from tests.conftest import audio_fixture_path
+from vllm_omni.audio.formats import AudioFormat
 from vllm_omni.engine.request import (
     AudioChunk,
     AudioInputStream,
@@ -30,7 +31,7 @@ from vllm_omni.engine.request import (
     Usage,
 )
 from vllm_omni.protocol.session_config import SessionConfig
-from vllm_omni.session.base import SessionOptions
+from vllm_omni.session.base import SessionOptions, ga_only
 from vllm_omni.session.turn_session import TurnSession
 
 
@@ -178,12 +179,17 @@ class Events(list):
 
 
 def turn_session(engine: ScriptedEngine | None = None, options: SessionOptions | None = None,
-                 **config: Any) -> tuple[TurnSession, ScriptedEngine, Events]:
-    """A GA turn session (id sess_test, model tiny) on a scripted engine, and its events."""
+                 extensions: bool = True, **config: Any) -> tuple[TurnSession, ScriptedEngine, Events]:
+    """A GA turn session (id sess_test, model tiny) on a scripted engine, and its events: with
+    the [EXT] events and fields, or (`extensions=False`) what a pure-GA client receives. Its
+    input is 16 kHz PCM16 (the test recordings'), as after a session.update saying so, unless
+    `input_format` is given."""
     engine = engine or ScriptedEngine()
     events = Events()
+    config.setdefault("input_format", AudioFormat("pcm16", 16000))
     session = TurnSession(engine, SessionConfig(id="sess_test", model="tiny", **config),
-                          options or SessionOptions(served_models=["tiny"]), events.append)
+                          options or SessionOptions(served_models=["tiny"]),
+                          events.append if extensions else ga_only(events.append))
     return session, engine, events
 
 

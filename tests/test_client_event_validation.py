@@ -12,7 +12,7 @@ from vllm_omni.engine.request import AudioInputStream
 from vllm_omni.protocol.client_events import parse_client_event
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.frames import MAX_NESTING, decode_client_frame
-from vllm_omni.session.conversation import Conversation, Item
+from vllm_omni.session.conversation import Conversation, Item, prompt_messages
 
 FRAMES = [
     ("{not json", "invalid_json"),
@@ -81,7 +81,7 @@ def test_stored_speech_is_capped_oldest_first_and_text_stays() -> None:
     dropped = conversation.drop_oldest_audio(max_ms=5000)
     assert [item.id for item in dropped] == ["u0", "u1"]
     assert [item.held_audio_ms for item in conversation.items] == [0, 0, 2000, 2000]
-    messages = conversation.messages(None)
+    messages = prompt_messages(None, conversation.items)
     assert [(m.text, m.audio_stream is not None) for m in messages] == [("typed", False), (None, True), (None, True)]
     assert conversation.items[1].to_wire()["content"] == [{"type": "input_audio", "transcript": ""}]
 

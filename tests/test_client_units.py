@@ -16,7 +16,7 @@ from vllm_omni.client.collector import collect
 from vllm_omni.client.session_setup import flat_session_update, ga_session_update
 from vllm_omni.client.streaming import append_events
 from vllm_omni.client.timing import response_metrics, session_summary, summarize
-from vllm_omni.client.url import realtime_url
+from vllm_omni.client.url import realtime_url, with_extensions
 from vllm_omni.client.wav import WavError, read_pcm16, wav_data_url, write_pcm16
 from vllm_omni.protocol.client_events import SessionSettings, parse_client_event
 
@@ -30,6 +30,13 @@ def test_realtime_url_maps_schemes_and_adds_parameters() -> None:
     for bad in ("ftp://h", "h:8000", "file:///x"):
         with pytest.raises(ValueError, match="scheme|host"):
             realtime_url(bad)
+
+
+def test_the_client_asks_for_the_extensions_once() -> None:
+    assert with_extensions("ws://h:1/v1/realtime") == "ws://h:1/v1/realtime?extensions=vllm_omni"
+    assert with_extensions("ws://h/v1/realtime?model=m") == "ws://h/v1/realtime?model=m&extensions=vllm_omni"
+    asked = "ws://h/v1/realtime?extensions=other,vllm_omni"
+    assert with_extensions(asked) == asked
 
 
 def write_wav(path: Path, channels: int = 1, width: int = 2, rate: int = 16000, frames: int = 1600) -> Path:
@@ -88,7 +95,9 @@ def test_client_events_are_the_protocols_own() -> None:
                                               "played_ms": 640, "committed_ms": 640}
     updates = [ga_session_update(model="m", server_vad=True, voice="Ethan", vad={"threshold": 0.6}),
                flat_session_update(model="m", instructions="hi", ref_audio="data:audio/wav;base64,AAAA")]
-    sent = [*updates, *append_events(b"\0\0" * 16 * 1200, frames=[["f0"]]), events.input_audio_commit(),
+    appends = append_events(b"\0\0" * 16 * 1200, frames=[["f0"]])
+    assert all(append["sample_rate_hz"] == 16000 for append in appends)  # a GA session's default is 24 kHz
+    sent = [*updates, *appends, events.input_audio_commit(),
             events.response_create(), events.playback_ack("r1", 640), events.session_close()]
     for event in sent:
         assert parse_client_event(event).model_dump(exclude_unset=True) == event
@@ -108,11 +117,10 @@ def test_frames_ride_the_appends_that_close_model_units() -> None:
 
 
 def audio_delta(t: float, ms: float | None, response: str = "r1", size: int = 4800) -> dict:
-    event = {"type": "response.output_audio.delta", "response_id": response, "_t": t,
-             "delta": base64.b64encode(b"\0" * size).decode(), "sample_rate_hz": 24000}
-    if ms is not None:
-        event["metadata"] = {"audio_duration_ms": ms}
-    return event
+    """A delta as the server sends it to a client that asked for the extensions."""
+    report = {"sample_rate_hz": 24000} if ms is None else {"sample_rate_hz": 24000, "audio_duration_ms": ms}
+    return {"type": "response.output_audio.delta", "response_id": response, "_t": t,
+            "delta": base64.b64encode(b"\0" * size).decode(), "vllm_omni": report}
 
 
 def test_response_metrics_on_a_recorded_stream() -> None:
@@ -164,3 +172,5 @@ def test_collector_groups_audio_and_text_by_response() -> None:
     assert collected.responses["a"].transcript == "hello" and collected.responses["a"].status == "completed"
     assert len(collected.responses["a"].audio) == 4800 and collected.responses["a"].audio_ms == 100
     assert len(collected.errors) == 1
+    legacy = {"type": "response.output_audio.delta", "response_id": "c", "audio": "AAAA", "sample_rate_hz": 16000}
+    assert collect([legacy]).responses["c"].sample_rate == 16000  # the legacy lane's top-level rate

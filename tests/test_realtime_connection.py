@@ -84,6 +84,22 @@ def test_idle_timeout_closes_the_session(guarded) -> None:
     asyncio.run(scenario())
 
 
+def test_without_extensions_a_session_ends_by_its_close_frame_alone(guarded) -> None:
+    """GA has no `session.closed`: a client that did not ask for extensions sees the socket close."""
+    async def scenario():
+        conn = await RealtimeConnection.open(guarded + "/v1/realtime", headers={"Authorization": f"Bearer {KEY}"},
+                                             extensions=False)
+        await conn.next()
+        await conn.send({"type": "session.update", "session": {"idle_timeout_s": 0.5}})
+        await conn.until("session.updated")
+        with pytest.raises(websockets.exceptions.ConnectionClosed):
+            await conn.until("session.closed", timeout=10)
+        assert (conn.ws.close_code, conn.ws.close_reason) == (1000, "idle_timeout")
+        assert [e["type"] for e in conn.events] == ["session.created", "session.updated"]
+
+    asyncio.run(scenario())
+
+
 def test_maximum_session_duration(guarded) -> None:
     async def scenario():
         conn = await RealtimeConnection.open(guarded + "/v1/realtime", headers={"Authorization": f"Bearer {KEY}"})

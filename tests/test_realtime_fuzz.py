@@ -206,7 +206,7 @@ def test_bad_content_is_refused_naming_the_field_and_the_next_turn_completes(ser
             await client.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\1\0" * 20).decode()})
             await client.send({"type": "input_audio_buffer.commit", "event_id": "short"})
             error = (await client.until("error"))[-1]["error"]
-            assert (error["code"], error["event_id"]) == ("input_audio_buffer_empty", "short")
+            assert (error["code"], error["event_id"]) == ("input_audio_buffer_commit_empty", "short")
             await spoken_turn(client)  # no clear or delete needed
             await spoken_turn(client)
             await client.close()

@@ -55,9 +55,9 @@ def check_s2_turn(events: list[dict]) -> tuple[str, str]:
     created = next(e for e in events if e["type"] == "response.created")
     done = events[-1]
     assert created["response"]["id"] == done["response"]["id"] and done["response"]["status"] == "completed"
-    assert all(e["sample_rate_hz"] == 24000 for e in deltas)
-    assert deltas[-1]["metadata"]["audio_duration_ms"] > 0
-    assert done["response"]["metadata"]["vllm_omni"]["stage_metrics"]["0"]["num_tokens_out"] > 0
+    assert all(e["vllm_omni"]["sample_rate_hz"] == 24000 for e in deltas)
+    assert deltas[-1]["vllm_omni"]["audio_duration_ms"] > 0
+    assert done["vllm_omni"]["stage_metrics"]["0"]["num_tokens_out"] > 0
     return item_id, created["response"]["id"]
 
 
@@ -142,7 +142,7 @@ def test_response_cancel_mid_stream(server) -> None:
         assert after[-1]["response"]["output"][0]["status"] == "incomplete"
         await client.send({"type": "response.cancel"})
         tail = await client.until("error")
-        assert tail[-1]["error"]["code"] == "response_not_active"
+        assert tail[-1]["error"]["code"] == "response_cancel_not_active"
         assert not any(e["type"] == "response.output_audio.delta" for e in tail)
         done = await manual_turn(client)
         assert done[-1]["response"]["status"] == "completed"
@@ -169,15 +169,16 @@ ERROR_CASES = [
      "unsupported_turn_detection"),
     ("unknown model", {"type": "session.update", "event_id": "e7", "session": {"model": "gpt-9"}},
      "model_not_found"),
-    ("commit on empty buffer", {"type": "input_audio_buffer.commit", "event_id": "e8"}, "input_audio_buffer_empty"),
-    ("response.create without input", {"type": "response.create", "event_id": "e9"},
-     "response_create_without_input"),
+    ("commit on empty buffer", {"type": "input_audio_buffer.commit", "event_id": "e8"},
+     "input_audio_buffer_commit_empty"),
+    ("response.cancel without a response", {"type": "response.cancel", "event_id": "e9"},
+     "response_cancel_not_active"),
     ("binary frame", b"\x00\x01", "bad_event"),
     ("not an object", "[1, 2]", "bad_event"),
     ("oversized message", json.dumps({"type": "input_audio_buffer.append", "audio": "A" * (15 * 1024 * 1024 + 8)}),
      "event_too_large"),
     ("unknown item", {"type": "conversation.item.delete", "item_id": "item_nope", "event_id": "e10"},
-     "item_not_found"),
+     "item_delete_invalid_item_id"),
 ]
 
 
@@ -210,7 +211,7 @@ def test_response_create_while_active(server) -> None:
         await client.send({"type": "response.create", "event_id": "again"})
         events = await client.until("response.done")
         errors = [e for e in events if e["type"] == "error"]
-        assert [e["error"]["code"] for e in errors] == ["response_already_active"]
+        assert [e["error"]["code"] for e in errors] == ["conversation_already_has_active_response"]
         assert errors[0]["error"]["event_id"] == "again"
         assert events[-1]["response"]["status"] == "completed"
         await client.close()
@@ -313,7 +314,7 @@ def test_out_of_band_response_stays_out_of_the_history(server) -> None:
         done = (await client.until("response.done"))[-1]["response"]
         assert done["conversation_id"] is None and done["metadata"]["purpose"] == "summary"
         await client.send({"type": "conversation.item.retrieve", "item_id": done["output"][0]["id"]})
-        assert (await client.until("error"))[-1]["error"]["code"] == "item_not_found"
+        assert (await client.until("error"))[-1]["error"]["code"] == "item_retrieve_invalid_item_id"
         await client.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
         regular = (await client.until("response.done"))[-1]["response"]
         assert regular["conversation_id"].startswith("conv_") and regular["status"] == "completed"

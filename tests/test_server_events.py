@@ -67,7 +67,9 @@ CASES: list[tuple[Any, dict[str, Any], str, dict[str, Any]]] = [
      "conversation.item.input_audio_transcription.completed",
      {"item_id": "item_1", "content_index": 0, "transcript": "hi", "usage": {"type": "duration", "seconds": 1.5}}),
     (b.response_created, {"response": RESPONSE}, "response.created", {"response_id": "resp_1", "response": RESPONSE}),
-    (b.response_done, {"response": RESPONSE}, "response.done", {"response_id": "resp_1", "response": RESPONSE}),
+    (b.response_done, {"response": RESPONSE, "stage_metrics": {}, "playback": PLAYBACK, "committed": True},
+     "response.done", {"response_id": "resp_1", "response": RESPONSE,
+                       "vllm_omni": {"stage_metrics": {}, "playback": PLAYBACK, "committed": True}}),
     (b.output_item_added, {"response_id": "resp_1", "item": ITEM}, "response.output_item.added",
      {"response_id": "resp_1", "output_index": 0, "item": ITEM}),
     (b.output_item_done, {"response_id": "resp_1", "item": ITEM}, "response.output_item.done",
@@ -79,8 +81,8 @@ CASES: list[tuple[Any, dict[str, Any], str, dict[str, Any]]] = [
     (b.output_audio_delta, {**ADDR, "delta": "AAAA", "format": "pcm16", "sample_rate_hz": 24000,
                             "audio_duration_ms": 640, "playback": PLAYBACK, "session_id": "sess_1"},
      "response.output_audio.delta",
-     {**ADDR, "delta": "AAAA", "format": "pcm16", "sample_rate_hz": 24000,
-      "metadata": {"audio_duration_ms": 640, "end_of_turn": False, "playback": PLAYBACK, "session_id": "sess_1"}}),
+     {**ADDR, "delta": "AAAA", "vllm_omni": {"format": "pcm16", "sample_rate_hz": 24000, "audio_duration_ms": 640,
+                                            "end_of_turn": False, "playback": PLAYBACK, "session_id": "sess_1"}}),
     (b.output_audio_done, ADDR, "response.output_audio.done", ADDR),
     (b.output_audio_transcript_delta, {**ADDR, "delta": "hi"}, "response.output_audio_transcript.delta",
      {**ADDR, "delta": "hi"}),
@@ -120,4 +122,4 @@ def test_event_ids_are_fresh_and_live_counters_are_copied() -> None:
     delta = b.output_audio_delta(**ADDR, delta="", format="pcm16", sample_rate_hz=24000, audio_duration_ms=0,
                                  playback=playback, session_id="sess_1")
     playback["played_ms"] = 640  # the session keeps counting after the event is queued
-    assert delta["metadata"]["playback"]["played_ms"] == 0
+    assert delta["vllm_omni"]["playback"]["played_ms"] == 0

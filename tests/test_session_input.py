@@ -96,7 +96,7 @@ async def test_append_formats_rates_and_bad_audio() -> None:
     await session.handle({"type": "input_audio_buffer.append", "delta": pcm16_b64(0.5, 0.1, rate=24000),
                           "sample_rate_hz": 24000})  # `delta` spelling, resampled to 16 kHz
     assert session.input.timeline == 16000
-    bad = [({"audio": "***"}, "bad_audio", "audio"), ({}, "bad_event", "audio"),
+    bad = [({"audio": "***"}, "bad_audio", "audio"), ({}, "missing_required_parameter", "audio"),
            ({"audio": pcm16_b64(0.1), "sample_rate_hz": 4000}, "bad_event", "sample_rate_hz"),
            ({"audio": pcm16_b64(0.1), "format": "mp3"}, "unsupported_audio_format", "input_audio_format"),
            ({"audio": pcm16_b64(0.1), "video_frames": ["x"]}, "bad_event", "video_frames")]
@@ -128,13 +128,13 @@ async def test_commit_fan_out_feeds_the_stream_and_carries_transcript_hints() ->
 async def test_commit_needs_100_ms_and_keeps_a_short_buffer() -> None:
     session, _, events = turn_session()
     await session.handle({"type": "input_audio_buffer.commit", "event_id": "c1"})
-    assert events.last("error")["error"]["message"].endswith("non-empty input audio buffer")
+    assert events.last("error")["error"]["message"].endswith("buffer only has 0.00ms of audio.")
     await session.handle(append(0.05))
     await session.handle({"type": "input_audio_buffer.commit"})
-    assert "50 ms" in events.last("error")["error"]["message"]
+    assert "buffer only has 50.00ms" in events.last("error")["error"]["message"]
     await session.handle(append(0.05))
     await session.handle({"type": "input_audio_buffer.commit"})
-    assert events.errors() == ["input_audio_buffer_empty"] * 2 and events.of("input_audio_buffer.committed")
+    assert events.errors() == ["input_audio_buffer_commit_empty"] * 2 and events.of("input_audio_buffer.committed")
 
 
 @pytest.mark.parametrize(("event", "responds"), [
@@ -160,7 +160,7 @@ async def test_clear_drops_uncommitted_input() -> None:
     await session.handle({"type": "input_audio_buffer.clear"})
     assert events.kinds()[-1] == "input_audio_buffer.cleared"
     await session.handle({"type": "input_audio_buffer.commit"})
-    assert events.errors() == ["input_audio_buffer_empty"]
+    assert events.errors() == ["input_audio_buffer_commit_empty"]
 
 
 # Server VAD -------------------------------------------------------------------------------------
@@ -275,7 +275,7 @@ async def test_text_append_points_to_conversation_items(kind: str) -> None:
     session, _, events = turn_session()
     await session.handle({"type": kind, "text": "hi"})
     await session.handle({"type": kind})
-    assert events.errors() == ["native_text_append_unsupported", "bad_event"]
+    assert events.errors() == ["native_text_append_unsupported", "missing_required_parameter"]
 
 
 async def test_heartbeat_unknown_events_and_session_close_are_answered() -> None:

@@ -51,7 +51,7 @@ async def test_previous_item_id_places_the_item() -> None:
 
 
 @pytest.mark.parametrize(("item", "code", "param"), [
-    (None, "bad_event", "item"),
+    (None, "missing_required_parameter", "item"),
     ({"type": "function_call_output", "call_id": "c", "output": "{}"}, "invalid_function_call_output", "item.call_id"),
     ({"type": "function_call"}, "bad_event", "item.type"),
     ({"content": [{"type": "input_image", "image_url": "data:"}]}, "unsupported", "item.content.0"),
@@ -89,7 +89,9 @@ async def test_delete_and_retrieve() -> None:
     assert deleted["item_id"] == item_id and deleted["event"]["deleted"] is True
     await session.handle({"type": "conversation.item.retrieve", "item_id": item_id})
     await session.handle({"type": "conversation.item.delete"})
-    assert events.errors() == ["item_not_found", "missing_item_id"]
+    assert events.errors() == ["item_retrieve_invalid_item_id", "missing_required_parameter"]
+    await session.handle({"type": "conversation.item.delete", "item_id": item_id})
+    assert events.last("error")["error"]["code"] == "item_delete_invalid_item_id"
 
 
 async def test_truncate_cuts_the_spoken_text_and_acknowledges() -> None:
@@ -100,13 +102,15 @@ async def test_truncate_cuts_the_spoken_text_and_acknowledges() -> None:
     item = done["output"][0]
     assert item["content"][0]["audio_duration_ms"] == 200
     user_id = events.of("conversation.item.done")[0]["item"]["id"]
-    refused = [({"item_id": user_id, "audio_end_ms": 10}, "item_id"),
-               ({"item_id": item["id"], "content_index": 1, "audio_end_ms": 10}, "content_index"),
-               ({"item_id": item["id"]}, "audio_end_ms"),
-               ({"item_id": item["id"], "audio_end_ms": 999}, "audio_end_ms")]
-    for fields, param in refused:
+    refused = [({"item_id": user_id, "audio_end_ms": 10}, "invalid_value", "item_id"),
+               ({"item_id": "item_nope", "audio_end_ms": 10}, "item_truncate_invalid_item_id", "item_id"),
+               ({"item_id": item["id"], "content_index": 1, "audio_end_ms": 10}, "invalid_value", "content_index"),
+               ({"item_id": item["id"]}, "missing_required_parameter", "audio_end_ms"),
+               ({"item_id": item["id"], "audio_end_ms": 999}, "invalid_value", "audio_end_ms")]
+    for fields, code, param in refused:
         await session.handle({"type": "conversation.item.truncate", **fields})
-        assert events.last("error")["error"]["param"] == param, fields
+        error = events.last("error")["error"]
+        assert (error["code"], error["param"]) == (code, param), fields
     await session.handle({"type": "conversation.item.truncate", "item_id": item["id"], "audio_end_ms": 100})
     assert events.kinds()[-2:] == ["conversation.item.truncated", "playback.acknowledged"]
     ack = events.last("playback.acknowledged")["event"]

@@ -18,7 +18,7 @@ from vllm_omni.session.base import SessionOptions
 from vllm_omni.session.factory import SessionFactory, SessionRefused
 from vllm_omni.session.legacy_session import LegacySession
 
-APPEND = {"type": "input_audio_buffer.append", "audio": pcm16_b64(0.2, 0.1)}
+APPEND = {"type": "input_audio_buffer.append", "audio": pcm16_b64(0.2, 0.1), "sample_rate_hz": 16000}
 
 
 def factory(mode: SessionMode = SessionMode.TURN, engine: ScriptedEngine | None = None) -> SessionFactory:
@@ -43,7 +43,7 @@ def test_routes_without_a_session_kind_are_refused(mode, duplex_endpoint, query,
 @pytest.mark.parametrize("query", [None, "0", "false", "maybe"])
 async def test_a_turn_route_opens_a_greeted_session_whose_lane_is_open(query) -> None:
     events = Events()
-    session = factory().route(duplex_endpoint=False, duplex_query=query)("tiny", events.append)
+    session = factory().route(duplex_endpoint=False, duplex_query=query)("tiny", events.append, True)
     created = events.last("session.created")
     assert created["session"]["id"] == session.id and created["id"].startswith("sess-")
     assert session.lane is None and session.idle_timeout_s == 300.0
@@ -53,7 +53,7 @@ async def test_a_turn_route_opens_a_greeted_session_whose_lane_is_open(query) ->
 
 async def test_ga_lane_gets_the_appends_held_before_the_choice() -> None:
     events = Events()
-    session = factory().route(duplex_endpoint=False, duplex_query=None)("tiny", events.append)
+    session = factory().route(duplex_endpoint=False, duplex_query=None)("tiny", events.append, True)
     await session.handle(APPEND)
     await session.handle(APPEND)
     assert session.lane is None and len(events) == 1
@@ -69,7 +69,7 @@ async def test_ga_lane_gets_the_appends_held_before_the_choice() -> None:
 async def test_legacy_lane_is_chosen_by_a_flat_update_and_gets_the_held_appends() -> None:
     engine = ScriptedEngine()
     events = Events()
-    session = factory(engine=engine).route(duplex_endpoint=False, duplex_query=None)("tiny", events.append)
+    session = factory(engine=engine).route(duplex_endpoint=False, duplex_query=None)("tiny", events.append, True)
     await session.handle(APPEND)
     await session.handle({"type": "session.update", "model": "tiny"})
     assert session.lane is Lane.LEGACY and events.kinds() == ["session.created"]  # success says nothing
@@ -86,7 +86,7 @@ async def test_legacy_lane_is_chosen_by_a_flat_update_and_gets_the_held_appends(
 async def test_appends_held_past_the_cap_are_refused(monkeypatch) -> None:
     monkeypatch.setattr(turn_lanes, "MAX_EARLY_APPEND_CHARS", len(APPEND["audio"]) + 1)
     events = Events()
-    session = factory().route(duplex_endpoint=False, duplex_query=None)("tiny", events.append)
+    session = factory().route(duplex_endpoint=False, duplex_query=None)("tiny", events.append, True)
     await session.handle(APPEND)
     await session.handle(APPEND | {"event_id": "late"})
     error = events.last("error")["error"]

@@ -34,11 +34,13 @@ async def test_a_response_streams_its_audio_and_reports_usage() -> None:
                      "response.content_part.done", "response.output_item.done", "conversation.item.done",
                      "response.done", "rate_limits.updated"]
     deltas = events.of("response.output_audio.delta")
-    assert [d["metadata"]["audio_duration_ms"] for d in deltas] == [100, 200]
-    assert all(d["sample_rate_hz"] == 24000 for d in deltas)
+    assert [d["vllm_omni"]["audio_duration_ms"] for d in deltas] == [100, 200]
+    assert all(d["vllm_omni"]["sample_rate_hz"] == 24000 for d in deltas)
     assert done["status"] == "completed" and done["output"][0]["content"][0]["transcript"] == "Hello there."
     assert done["usage"]["input_tokens"] == 7 and done["usage"]["output_token_details"]["text_tokens"] == 2
-    stages = done["metadata"]["vllm_omni"]["stage_metrics"]
+    report = events.last("response.done")["vllm_omni"]
+    assert done["metadata"] is None and report["committed"] is True  # metadata: the client's only
+    stages = report["stage_metrics"]
     assert (stages["0"]["role"], stages["0"]["finish_reason"], stages["1"]["finish_reason"]) == ("llm", "stop", None)
     request = engine.requests[0]
     assert [(m.role, m.text) for m in request.messages] == [("system", "Be kind."), ("user", "Hi?")]
@@ -86,18 +88,29 @@ async def test_bad_response_options_are_refused(response: dict, code: str) -> No
     assert events.errors() == [code] and not events.of("response.created") and session.responses.unanswered
 
 
-async def test_response_create_needs_input_and_no_active_response() -> None:
-    session, engine, events = turn_session()
-    await session.handle({"type": "response.create"})
-    assert events.errors() == ["response_create_without_input"]
+async def test_response_create_answers_whatever_the_conversation_holds() -> None:
+    session, engine, events = turn_session(instructions="Greet the caller.")
+    await session.handle({"type": "response.create"})  # greet-first: nothing to answer but instructions
+    assert (await events.wait("response.done"))["response"]["status"] == "completed"
+    assert [(m.role, m.text) for m in engine.requests[0].messages] == [("system", "Greet the caller."),
+                                                                       ("user", " ")]
+    await session.handle({"type": "response.create"})  # another reply to the conversation so far
+    await events.wait("response.done", count=2)
+    assert [m.role for m in engine.requests[1].messages] == ["system", "assistant", "user"]
+    assert not events.errors()
+
+
+async def test_response_create_while_one_is_active_is_refused() -> None:
     session, engine, events = await with_question()
     engine.script(Text("a"), Wait(0.05))
     await session.handle({"type": "response.create"})
+    active = events.last("response.created")["response"]["id"]
     await session.handle({"type": "response.create", "event_id": "again"})
-    assert events.last("error")["error"]["code"] == "response_already_active"
+    error = events.last("error")["error"]
+    assert (error["code"], error["event_id"]) == ("conversation_already_has_active_response", "again")
+    assert active in error["message"]
     assert (await events.wait("response.done"))["response"]["status"] == "completed"
-    await session.handle({"type": "response.create"})  # the question was answered
-    assert events.errors() == ["response_already_active", "response_create_without_input"]
+    assert len(engine.requests) == 1
 
 
 async def test_an_out_of_band_response_stays_out_of_the_history() -> None:
@@ -128,7 +141,7 @@ async def test_cancel_a_stalled_response() -> None:
     await session.handle({"type": "response.cancel"})
     await session.handle({"type": "response.cancel", "response_id": response_id})
     await session.handle({"type": "response.cancel", "response_id": "resp_other"})
-    assert events.errors() == ["response_not_active"] * 3
+    assert events.errors() == ["response_cancel_not_active"] * 3
 
 
 async def test_cancel_names_only_the_active_response() -> None:
@@ -182,7 +195,7 @@ async def test_playback_acks_move_the_ledger(kind: str) -> None:
     assert session.items.get(f"item_{response_id}").kept_text == "Hello "
     await session.handle({"type": kind, "item_id": "item_x", "response_id": response_id, "played_ms": 1})
     await session.handle({"type": kind, "response_id": response_id})
-    assert events.errors()[-2:] == ["playback_item_mismatch", "bad_event"]
+    assert events.errors()[-2:] == ["playback_item_mismatch", "missing_required_parameter"]
 
 
 # Engine failures ------------------------------------------------------------------------------------

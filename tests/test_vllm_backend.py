@@ -7,8 +7,10 @@ them one at a time (they restart), so it runs last."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
+import jsonschema
 import numpy as np
 import pytest
 
@@ -108,6 +110,22 @@ def test_bad_input_on_vllm_fails_only_that_request(bad: str, vllm_engine) -> Non
         assert good["final"].finish_reason in ("stop", "length")
 
     asyncio.run(scenario())
+
+
+def test_a_forced_tool_call_is_json_of_the_tools_schema_and_nothing_is_spoken(vllm_engine) -> None:
+    """tool_choice names a function: vLLM's structured outputs constrain the thinker to a call
+    of it whose arguments match its schema; the call is the answer (no text, no audio)."""
+    city = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"],
+            "additionalProperties": False}
+    tools = [{"name": "get_weather", "parameters": city}, {"name": "get_time", "parameters": city}]
+    # the tiny tokenizer spells JSON about a character a token
+    request = OmniRequest([Message("user", text="Weather in Paris?")], tools=tools, tool_choice="get_weather",
+                          sampling={"thinker": {"max_tokens": 200}})
+    result = asyncio.run(run_request(vllm_engine, request))
+    final = result["final"]
+    assert final.finish_reason == "stop" and [c.name for c in final.tool_calls] == ["get_weather"]
+    jsonschema.validate(json.loads(final.tool_calls[0].arguments), city)
+    assert result["text"] == "" and len(result["pcm"]) == 0 and final.usage.audio_tokens == 0
 
 
 def test_placeholders_collapse_per_audio_item() -> None:

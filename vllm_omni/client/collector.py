@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_omni.client.timing import TEXT_DELTAS, audio_payload
+from vllm_omni.client.timing import TEXT_DELTAS, audio_payload, audio_rate
 from vllm_omni.protocol.server_event_types import ERROR, OUTPUT_AUDIO_DELTA, RESPONSE_DONE
 
 
@@ -43,9 +43,9 @@ def collect(events: Sequence[dict[str, Any]]) -> Collected:
         kind = event.get("type")
         if kind == OUTPUT_AUDIO_DELTA:
             record.audio += audio_payload(event)
-            rate = event.get("sample_rate_hz")
-            if isinstance(rate, int) and rate > 0:
-                record.sample_rate = rate
+            rate = audio_rate(event)
+            if rate is not None:
+                record.sample_rate = int(rate)
         elif kind in TEXT_DELTAS and isinstance(event.get("delta"), str):
             record.transcript += event["delta"]
         elif kind == RESPONSE_DONE:

@@ -16,6 +16,7 @@ import websockets
 
 from vllm_omni.client import events
 from vllm_omni.client.streaming import chunk_duration_s
+from vllm_omni.client.url import with_extensions
 from vllm_omni.protocol.server_event_types import SESSION_CLOSED
 
 
@@ -44,9 +45,13 @@ class RealtimeConnection:
             self._inbox.put_nowait(None)  # end of stream
 
     @classmethod
-    async def open(cls, url: str, headers: dict[str, str] | None = None,
-                   open_timeout: float = 30.0) -> RealtimeConnection:
-        ws = await websockets.connect(url, max_size=None, additional_headers=headers, open_timeout=open_timeout)
+    async def open(cls, url: str, headers: dict[str, str] | None = None, open_timeout: float = 30.0,
+                   extensions: bool = True) -> RealtimeConnection:
+        """`extensions`: ask for the server's extension events and fields (this library reads
+        them: playback cursors, cumulative audio durations, `session.closed`); without them
+        the session is pure GA."""
+        ws = await websockets.connect(with_extensions(url) if extensions else url, max_size=None,
+                                      additional_headers=headers, open_timeout=open_timeout)
         return cls(ws)
 
     async def send(self, payload: dict[str, Any] | str | bytes) -> None:

@@ -20,11 +20,15 @@ def session_update(session: ce.SessionSettings) -> dict[str, Any]:
     return wire(ce.SessionUpdate(type="session.update", session=wire(session)))
 
 
-def input_audio_append(pcm: bytes, video_frames: Sequence[str] | None = None) -> dict[str, Any]:
-    """`video_frames`: bare base64 images bound to this append (docs/realtime-api.md §13.2)."""
-    frames = {} if video_frames is None else {"video_frames": list(video_frames)}
+def input_audio_append(pcm: bytes, video_frames: Sequence[str] | None = None,
+                       sample_rate_hz: int | None = None) -> dict[str, Any]:
+    """`video_frames`: bare base64 images bound to this append (docs/realtime-api.md §13.2);
+    `sample_rate_hz`: the PCM's rate, if not the session's."""
+    extra: dict[str, Any] = {} if video_frames is None else {"video_frames": list(video_frames)}
+    if sample_rate_hz is not None:
+        extra["sample_rate_hz"] = sample_rate_hz
     return wire(ce.InputAudioBufferAppend(type="input_audio_buffer.append", audio=base64.b64encode(pcm).decode(),
-                                          **frames))
+                                          **extra))
 
 
 def input_audio_commit() -> dict[str, Any]:

@@ -9,7 +9,8 @@ from typing import Any
 
 from vllm_omni.client.events import input_audio_append
 
-BYTES_PER_MS = 32  # 16 kHz mono PCM16
+INPUT_RATE = 16000  # what this library sends: 16 kHz mono PCM16, declared on every append
+BYTES_PER_MS = INPUT_RATE * 2 // 1000
 FIRST_UNIT_MS = 1030  # the first model unit closes at 1030 ms of audio, then every 1000 ms
 UNIT_MS = 1000
 MAX_FRAMES_PER_APPEND = 2
@@ -21,9 +22,10 @@ def unit_boundary_ms(unit: int) -> int:
 
 def append_events(pcm: bytes, chunk_ms: int = 200,
                   frames: Sequence[Sequence[str]] | None = None) -> list[dict[str, Any]]:
-    """`input_audio_buffer.append` events of `chunk_ms` each. `frames[k]` (at most two bare
-    base64 images) rides the append that closes unit k: the first whose cumulative end
-    reaches 1030 + 1000 k ms. Frames beyond the audio's units are not sent."""
+    """`input_audio_buffer.append` events of `chunk_ms` each, each declaring its 16 kHz rate
+    (a GA session's own default is 24 kHz). `frames[k]` (at most two bare base64 images)
+    rides the append that closes unit k: the first whose cumulative end reaches 1030 + 1000 k
+    ms. Frames beyond the audio's units are not sent."""
     if len(pcm) % 2:
         raise ValueError("PCM16 input has an odd number of bytes")
     size = chunk_ms * BYTES_PER_MS
@@ -37,7 +39,7 @@ def append_events(pcm: bytes, chunk_ms: int = 200,
             if len(group) > MAX_FRAMES_PER_APPEND:
                 raise ValueError(f"frames for unit {unit}: {len(group)} given, at most {MAX_FRAMES_PER_APPEND}")
             unit += 1
-        events.append(input_audio_append(chunk, video_frames=group))
+        events.append(input_audio_append(chunk, video_frames=group, sample_rate_hz=INPUT_RATE))
     return events
 
 

@@ -56,24 +56,36 @@ def _audio_bytes(event: dict[str, Any]) -> int:
     return len(audio_payload(event))
 
 
+def _extension(event: dict[str, Any]) -> dict[str, Any]:
+    """An event's [EXT] report (`vllm_omni`), empty when the server sent none."""
+    report = event.get("vllm_omni")
+    return report if isinstance(report, dict) else {}
+
+
+def audio_rate(event: dict[str, Any]) -> float | None:
+    """An audio delta's sample rate: `vllm_omni.sample_rate_hz`, or the legacy lane's
+    top-level `sample_rate_hz`; None when neither is a positive number."""
+    rate = _finite(_extension(event).get("sample_rate_hz")) or _finite(event.get("sample_rate_hz"))
+    return rate if rate is not None and rate > 0 else None
+
+
+def _cumulative_ms(event: dict[str, Any]) -> float | None:
+    return _finite(_extension(event).get("audio_duration_ms"))
+
+
 def _audio_duration_ms(audio: Sequence[dict[str, Any]]) -> float:
-    """Max of the deltas' cumulative `metadata.audio_duration_ms`; else from the bytes."""
-    marks = [_finite((e.get("metadata") or {}).get("audio_duration_ms")) for e in audio]
-    marks = [m for m in marks if m is not None and m >= 0]
+    """Max of the deltas' cumulative `vllm_omni.audio_duration_ms`; else from the bytes."""
+    marks = [m for m in (_cumulative_ms(e) for e in audio) if m is not None and m >= 0]
     if marks:
         return max(marks)
-    total_ms = 0.0
-    for event in audio:
-        rate = _finite(event.get("sample_rate_hz")) or 24000.0
-        total_ms += _audio_bytes(event) * 1000 / (rate * 2)
-    return total_ms
+    return sum(_audio_bytes(event) * 1000 / ((audio_rate(event) or 24000.0) * 2) for event in audio)
 
 
 def _chunk_durations(audio: Sequence[dict[str, Any]]) -> list[float]:
     """Differences of consecutive cumulative durations; a decrease restarts from the new value."""
     durations, previous = [], 0.0
     for event in audio:
-        mark = _finite((event.get("metadata") or {}).get("audio_duration_ms"))
+        mark = _cumulative_ms(event)
         if mark is None:
             continue
         durations.append(mark - previous if mark >= previous else mark)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from vllm_omni.protocol.ga_view import EXTENSIONS_QUERY, VLLM_OMNI, wants_extensions
 
 SCHEMES = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}
 REALTIME_PATH = "/v1/realtime"
@@ -35,3 +37,13 @@ def realtime_url(base: str, *, model: str | None = None, duplex: bool | None = N
         ("session_id", session_id)) if value is not None}
     existing = parts.query + ("&" if parts.query and query else "")
     return urlunsplit((SCHEMES[parts.scheme], parts.netloc, path, existing + urlencode(query), ""))
+
+
+def with_extensions(url: str) -> str:
+    """`url` asking the server for its extension events and fields (docs/realtime-api.md §1.3);
+    unchanged if it already does."""
+    parts = urlsplit(url)
+    if wants_extensions(dict(parse_qsl(parts.query)).get(EXTENSIONS_QUERY)):
+        return url
+    query = parts.query + ("&" if parts.query else "") + urlencode({EXTENSIONS_QUERY: VLLM_OMNI})
+    return urlunsplit(parts._replace(query=query))

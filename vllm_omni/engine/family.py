@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from vllm_omni.config import DeployConfig, SamplingParams
-from vllm_omni.engine.request import AudioInputStream
+from vllm_omni.engine.request import AudioInputStream, ToolCall
 from vllm_omni.engine.stage_api import AsyncStageDriver, StageProgram
 
 Route = list[tuple[str, object]]  # (role of the receiving stage, message)
@@ -24,6 +24,14 @@ class Prompt(Protocol):
     """A rendered first-stage prompt; its length counts against the model's context."""
 
     def __len__(self) -> int: ...
+
+
+class ToolCallParser(Protocol):
+    def feed(self, token_id: int) -> tuple[bool, ToolCall | None]:
+        """(whether the token is answer text, a call it completed)."""
+
+    def finish(self) -> ToolCall | None:
+        """A call still open when the text stage ended (a forced call ends with the answer)."""
 
 
 class ModelFamily(Protocol):
@@ -59,16 +67,25 @@ class ModelFamily(Protocol):
     def make_programs(self) -> dict[str, StageProgram | AsyncStageDriver]:
         """Per role: a step program (torch backend) or an engine driver (vllm backend)."""
 
-    def render(self, messages: Sequence[dict[str, Any]], audio_features: Sequence[Any]) -> Prompt:
+    def render(self, messages: Sequence[dict[str, Any]], audio_features: Sequence[Any],
+               tools: Sequence[dict[str, Any]] = (), call_tool: bool = False) -> Prompt:
         """The first stage's prompt from chat-template messages (content parts of type 'text'
-        or 'audio'); `audio_features[i]` belongs to the i-th audio part."""
+        or 'audio'; assistant `tool_calls`, "tool" results); `audio_features[i]` belongs to the
+        i-th audio part. `tools` ({"name", "description", "parameters"}) are offered the way the
+        checkpoint's template does it; `call_tool` ends the prompt at the opening of a tool call."""
 
     def check_speaker(self, speaker: str) -> None:
         """Raise ValueError naming the known voices if `speaker` is not one."""
 
     def start(self, request_id: str, prompt: Prompt, sampling: dict[str, SamplingParams], speaker: str | None,
-              wants_audio: bool) -> tuple[Any, Route]:
-        """Per-request routing state and the messages that start the request."""
+              wants_audio: bool, forced_tools: Sequence[dict[str, Any]] | None = None) -> tuple[Any, Route]:
+        """Per-request routing state and the messages that start the request. With
+        `forced_tools`, the text stage must write a call of one of them (its arguments
+        constrained to the tool's schema) and nothing is spoken; raise `RequestError` where
+        the family's backends cannot constrain the output."""
+
+    def tool_call_parser(self, forced: bool) -> ToolCallParser:
+        """Reads the text stage's tokens of one request: which are answer text, which write calls."""
 
     def route(self, state: Any, role: str, event: object) -> Route:
         """Messages caused by `event` from the stage `role` (called under the engine's lock)."""

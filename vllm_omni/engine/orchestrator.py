@@ -32,7 +32,7 @@ from vllm_omni.config.errors import describe_validation_error
 from vllm_omni.engine.backends.async_stage import AsyncEngineStage
 from vllm_omni.engine.backends.step_worker import StageWorker
 from vllm_omni.engine.detokenizer import IncrementalDetokenizer
-from vllm_omni.engine.family import ModelFamily, Route
+from vllm_omni.engine.family import ModelFamily, Route, ToolCallParser
 from vllm_omni.engine.graph import check_stage_graph, stage_name
 from vllm_omni.engine.prompting import render_conversation
 from vllm_omni.engine.request import (
@@ -45,10 +45,12 @@ from vllm_omni.engine.request import (
     RequestFinished,
     StageUnavailableError,
     TextDelta,
+    ToolCall,
     Usage,
 )
 from vllm_omni.engine.stage_api import AsyncStageDriver, AudioSamples, StageDone, StageOutput, TextToken
 from vllm_omni.engine.stage_timing import StageTimer
+from vllm_omni.engine.tools import offered_tools
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +67,8 @@ class _Record:
     route: Any  # the family's per-request routing state
     detokenizer: IncrementalDetokenizer
     prompt_tokens: int
+    tool_parser: ToolCallParser | None = None  # when the request offers tools
+    tool_calls: list[ToolCall] = field(default_factory=list)
     timer: StageTimer = field(default_factory=StageTimer)
     finish_reason: FinishReason = FinishReason.STOP
     audio_samples: int = 0
@@ -193,16 +197,18 @@ class OmniEngine:
                 self.family.check_speaker(speaker)
             except ValueError as exc:
                 raise RequestError(f"speaker: {exc}") from None
-        prompt = render_conversation(self.family, request.messages)
+        tools, forced = offered_tools(request)
+        prompt = render_conversation(self.family, request.messages, tools, call_tool=forced is not None)
         with self._lock:
             if request.request_id in self._records:
                 raise RequestError(f"request_id {request.request_id!r} is already running")
             if len(self._records) >= self.max_requests:
                 raise RequestError(f"engine is at capacity ({self.max_requests} requests); retry later")
-            route, messages = self.family.start(request.request_id, prompt, sampling, speaker, wants_audio)
+            route, messages = self.family.start(request.request_id, prompt, sampling, speaker, wants_audio, forced)
             record = _Record(request=request, loop=asyncio.get_running_loop(), queue=asyncio.Queue(),
                              route=route, detokenizer=IncrementalDetokenizer(self.family.tokenizer),
-                             prompt_tokens=len(prompt))
+                             prompt_tokens=len(prompt),
+                             tool_parser=self.family.tool_call_parser(forced is not None) if tools else None)
             self._records[request.request_id] = record
             self._submit(request.request_id, None, messages)
         return record
@@ -232,16 +238,32 @@ class OmniEngine:
             if isinstance(event, StageOutput):
                 since_arrival = record.timer.record(role)
             if isinstance(event, TextToken):
-                delta, token_ids = record.detokenizer.add(event.token_id)
-                if delta:
-                    self._push(record, TextDelta(request_id, delta, token_ids))
+                self._on_token(record, event.token_id)
             elif isinstance(event, AudioSamples):
                 self._push_audio(record, event, since_arrival)
             elif isinstance(event, StageDone) and role == self.family.text_role:
                 record.finish_reason = FinishReason(event.reason)
+                if record.tool_parser is not None:
+                    self._push_tool_call(record, record.tool_parser.finish())
             self._submit(request_id, role, self.family.route(record.route, role, event))
             if isinstance(event, StageDone) and role == self.family.final_role(record.route):
                 self._finish_locked(record, record.finish_reason)
+
+    def _on_token(self, record: _Record, token_id: int) -> None:
+        """A text-stage token: answer text (detokenised and streamed) or part of a tool call."""
+        if record.tool_parser is not None:
+            is_text, call = record.tool_parser.feed(token_id)
+            self._push_tool_call(record, call)
+            if not is_text:
+                return
+        delta, token_ids = record.detokenizer.add(token_id)
+        if delta:
+            self._push(record, TextDelta(record.request.request_id, delta, token_ids))
+
+    def _push_tool_call(self, record: _Record, call: ToolCall | None) -> None:
+        if call is not None:
+            record.tool_calls.append(call)
+            self._push(record, call)
 
     def _push_audio(self, record: _Record, event: AudioSamples, since_arrival: float) -> None:
         start_s = record.audio_samples / event.sample_rate
@@ -307,14 +329,15 @@ class OmniEngine:
         text_role, audio_role = self.family.text_role, self.family.audio_token_role
         if text_role in metrics:
             metrics[text_role] = replace(metrics[text_role], finish_reason=reason)
-        usage = Usage(prompt_tokens=record.prompt_tokens, text_tokens=len(record.detokenizer.token_ids),
+        usage = Usage(prompt_tokens=record.prompt_tokens,  # text tokens include those writing tool calls
+                      text_tokens=metrics[text_role].outputs if text_role in metrics else 0,
                       audio_tokens=metrics[audio_role].outputs if audio_role in metrics else 0)
         self._push(record, RequestFinished(
             request_id=request_id, finish_reason=reason, text=record.detokenizer.text,
             token_ids=tuple(record.detokenizer.token_ids), usage=usage,
             audio_duration_s=record.audio_samples / record.sample_rate if record.sample_rate else 0.0,
             time_to_first_audio_s=record.first_audio_s, stage_metrics=metrics, error=error,
-            error_code=error_code))
+            error_code=error_code, tool_calls=tuple(record.tool_calls)))
 
     def _finish(self, record: _Record, reason: str, error: str | None = None) -> None:
         with self._lock:

@@ -18,14 +18,16 @@ from vllm_omni.engine.request import Message, RequestError
 Turn = tuple[dict[str, Any], Any]  # (chat-template message, its audio features or None)
 
 
-def render_conversation(family: ModelFamily, messages: list[Message]) -> Prompt:
+def render_conversation(family: ModelFamily, messages: list[Message], tools: list[dict[str, Any]] = (),
+                        call_tool: bool = False) -> Prompt:
+    """`tools` are offered in the prompt; `call_tool` makes the prompt open a tool call."""
     turns = [chat_turn(family, message, f"messages[{i}]") for i, message in enumerate(messages)]
-    if not turns or turns[-1][0]["role"] != "user":
-        raise RequestError("messages: the last turn must be the user's")
+    if not turns or turns[-1][0]["role"] not in ("user", "tool"):
+        raise RequestError("messages: the last turn must be the user's (or a tool result)")
     fit_audio_limit(turns, family.deploy.stage_by_role(family.text_role).engine_args.mm_limit("audio"),
                     family.text_role)
     while True:
-        prompt = family.render([m for m, _ in turns], [f for _, f in turns if f is not None])
+        prompt = family.render([m for m, _ in turns], [f for _, f in turns if f is not None], tools, call_tool)
         if len(prompt) < family.max_model_len:
             return prompt
         oldest = next((i for i, (m, _) in enumerate(turns[:-1]) if m["role"] != "system"), None)
@@ -52,8 +54,10 @@ def fit_audio_limit(turns: list[Turn], limit: int, stage: str) -> None:
 
 
 def chat_turn(family: ModelFamily, message: Message, where: str) -> Turn:
-    if message.role not in ("system", "user", "assistant"):
-        raise RequestError(f"{where}.role: expected system, user or assistant, got {message.role!r}")
+    if message.role not in ("system", "user", "assistant", "tool"):
+        raise RequestError(f"{where}.role: expected system, user, assistant or tool, got {message.role!r}")
+    if message.role == "tool":
+        return {"role": "tool", "content": message.text or "", "tool_call_id": message.tool_call_id}, None
     parts: list[dict[str, Any]] = []
     features = None
     if message.audio is not None or message.audio_stream is not None:
@@ -72,7 +76,14 @@ def chat_turn(family: ModelFamily, message: Message, where: str) -> Turn:
         parts.append({"type": "audio"})
     if message.text:
         parts.append({"type": "text", "text": message.text})
-    if not parts:
+    if message.tool_calls and message.role != "assistant":
+        raise RequestError(f"{where}: only assistant turns carry tool calls")
+    if not parts and not message.tool_calls:
         raise RequestError(f"{where}: has neither text nor audio")
     content = parts[0]["text"] if message.role == "system" and len(parts) == 1 else parts
-    return {"role": message.role, "content": content}, features
+    turn: dict[str, Any] = {"role": message.role, "content": content}
+    if message.tool_calls:
+        turn["tool_calls"] = [{"type": "function", "id": call.call_id,
+                               "function": {"name": call.name, "arguments": call.arguments}}
+                              for call in message.tool_calls]
+    return turn, features

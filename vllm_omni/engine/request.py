@@ -55,16 +55,32 @@ class AudioInputStream:
         return self._mel.features()
 
 
+@dataclass(frozen=True)
+class ToolCall:
+    """A function call the model made; `arguments` is a JSON object as text."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
 @dataclass
 class Message:
     """One conversation turn. A user turn may carry text, audio (16 kHz mono float32), or
-    an `AudioInputStream` that is still being filled when the request is submitted."""
+    an `AudioInputStream` that is still being filled when the request is submitted. An
+    assistant turn may carry the tool calls it made; a "tool" turn carries one call's result
+    (`text`) for `tool_call_id`."""
 
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     text: str | None = None
     audio: np.ndarray | None = None
     sample_rate: int = 16000  # of `audio`; the model hears 16 kHz
     audio_stream: AudioInputStream | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: str | None = None
+
+
+ToolChoice = Literal["auto", "none", "required"] | str  # or the name of the one function to call
 
 
 @dataclass
@@ -78,6 +94,10 @@ class OmniRequest:
     temperature: float | None = None
     # Per-stage sampling overrides by role as the deploy config names them; these win.
     sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Functions the model may call: {"name", "description", "parameters" (JSON schema)} each.
+    # "required" or a function's name forces a call whose arguments match its schema.
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: ToolChoice = "auto"
 
 
 class FinishReason(str, Enum):
@@ -133,8 +153,9 @@ class RequestFinished:
     audio_duration_s: float = 0.0
     time_to_first_audio_s: float | None = None
     stage_metrics: dict[str, StageMetrics] = field(default_factory=dict)  # by role
+    tool_calls: tuple[ToolCall, ...] = ()  # in the order they were made (also streamed as outputs)
     error: str | None = None
     error_code: str | None = None  # "stage_unavailable" when a stage died under the request
 
 
-EngineOutput = TextDelta | AudioChunk | RequestFinished
+EngineOutput = TextDelta | AudioChunk | ToolCall | RequestFinished

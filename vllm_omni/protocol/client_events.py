@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from vllm_omni.protocol.errors import ProtocolError
 
@@ -29,6 +29,9 @@ Speed = Annotated[float, Field(ge=0.25, le=4.0)]
 Temperature = Annotated[float, Field(ge=0, le=2)]
 TokenLimit = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)] | Literal["inf", "infinity", "unlimited"]
 ToolChoice = Literal["auto", "none", "required"] | dict[str, Any]
+# GA metadata: at most 16 pairs of strings, keys up to 64 characters, values up to 512
+Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+                     Field(max_length=16)]
 FormatSpec = str | dict[str, Any]  # checked by session_config.parse_format (unsupported_audio_format)
 
 
@@ -77,7 +80,7 @@ class GenerationSettings(WireModel):
     temperature: Temperature | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: ToolChoice | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: Metadata | None = None
     prompt: dict[str, Any] | None = None
 
 
@@ -191,6 +194,7 @@ class ImagePart(WireModel):
 
 _UNION_MEMBER = re.compile(r"^(str|int|float|bool|none|constrained-\w+|\w+\[.*\])$", re.IGNORECASE)
 PART_TAGS = ("input_text", "output_text", "text", "input_audio", "audio", "output_audio", "input_image")
+INPUT_TAGS = ("item", "item_reference")  # the members of a response.create input entry
 ContentPart = Annotated[TextPart | AudioPart | ImagePart, Field(discriminator="type")]
 
 
@@ -205,6 +209,22 @@ class ItemPayload(WireModel):
     name: str | None = None
     arguments: str | None = None
     output: str | None = None
+
+
+class InputItemReference(WireModel):
+    """An existing conversation item named in a response.create `input`."""
+
+    type: Literal["item_reference"]
+    id: Id
+
+
+def _input_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "item_reference" if kind == "item_reference" else "item"
+
+
+InputEntry = Annotated[Annotated[InputItemReference, Tag("item_reference")] | Annotated[ItemPayload, Tag("item")],
+                       Discriminator(_input_kind)]
 
 
 class ConversationItemCreate(ClientEvent):
@@ -238,7 +258,7 @@ class ResponseSettings(GenerationSettings):
     output_audio_format: FormatSpec | None = None
     response_format: FormatSpec | None = None
     conversation: Literal["auto", "none"] | None = None
-    input: list[Any] | None = None
+    input: list[InputEntry] | None = None  # the response's context instead of the conversation
     extra_body: dict[str, Any] | None = None
 
 
@@ -315,10 +335,10 @@ def validation_problem(exc: ValidationError, where: str, prefix: str = "") -> Pr
     first = exc.errors()[0]
     loc = first["loc"]
     # Unions add the member they tried to the location ("max_tokens.constrained-int",
-    # "content.0.input_audio.audio"); those are not fields.
+    # "content.0.input_audio.audio", "input.0.item_reference.id"); those are not fields.
     parts = [str(p) for i, p in enumerate(loc)
              if not (isinstance(p, str) and (_UNION_MEMBER.match(p) or (i and isinstance(loc[i - 1], int)
-                                                                         and p in PART_TAGS)))]
+                                                                         and p in PART_TAGS + INPUT_TAGS)))]
     param = ".".join(([prefix] if prefix else []) + parts)
     return ProtocolError("bad_event", f"{where}: {param}: {first['msg']}", param or None)
 

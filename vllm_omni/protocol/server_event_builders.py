@@ -129,9 +129,13 @@ def response_created(*, response: dict[str, Any]) -> Wire:
     return event(kinds.RESPONSE_CREATED, response_id=response["id"], response=response)
 
 
-def response_done(*, response: dict[str, Any]) -> Wire:
-    """`response`: a `response_object`; its id is repeated as the event's `response_id`."""
-    return event(kinds.RESPONSE_DONE, response_id=response["id"], response=response)
+def response_done(*, response: dict[str, Any], stage_metrics: dict[str, Any], playback: dict[str, int],
+                  committed: bool) -> Wire:
+    """`response`: a `response_object`; its id is repeated as the event's `response_id`. The
+    [EXT] report (`stage_metrics`, the final `playback` cursor (copied), whether the answer
+    entered the history as `committed`) goes in `vllm_omni`, outside the GA response."""
+    report = {"stage_metrics": stage_metrics, "playback": dict(playback), "committed": committed}
+    return event(kinds.RESPONSE_DONE, response_id=response["id"], response=response, vllm_omni=report)
 
 
 def output_item_added(*, response_id: str, item: dict[str, Any], output_index: int = 0) -> Wire:
@@ -164,12 +168,13 @@ def content_part_done(*, response_id: str, item_id: str, part: dict[str, Any], o
 def output_audio_delta(*, response_id: str, item_id: str, delta: str, format: str, sample_rate_hz: int,
                        audio_duration_ms: int, playback: dict[str, int], session_id: str,
                        output_index: int = 0, content_index: int = 0) -> Wire:
-    """`delta`: base64 audio; `audio_duration_ms`: the response's audio so far, this chunk
-    included; `playback`: copied, as it is the response's live counters."""
-    metadata = {"audio_duration_ms": audio_duration_ms, "end_of_turn": False, "playback": dict(playback),
-                "session_id": session_id}
+    """`delta`: base64 audio. The [EXT] fields go in `vllm_omni`: `audio_duration_ms` is the
+    response's audio so far, this chunk included; `playback` is copied, as it is the
+    response's live counters."""
+    report = {"format": format, "sample_rate_hz": sample_rate_hz, "audio_duration_ms": audio_duration_ms,
+              "end_of_turn": False, "playback": dict(playback), "session_id": session_id}
     return _part_event(kinds.OUTPUT_AUDIO_DELTA, response_id, item_id, output_index, content_index, delta=delta,
-                       format=format, sample_rate_hz=sample_rate_hz, metadata=metadata)
+                       vllm_omni=report)
 
 
 def output_audio_done(*, response_id: str, item_id: str, output_index: int = 0, content_index: int = 0) -> Wire:

@@ -45,11 +45,12 @@ def session_created(session: dict[str, Any], legacy_id: str) -> dict[str, Any]:
 def response_object(response_id: str, status: str, *, modalities: list[str], output: list[dict],
                     output_format: dict, voice: str | None, max_output_tokens: Any,
                     conversation_id: str | None, status_details: Any = None, usage: Any = None,
-                    metadata: dict | None = None) -> dict[str, Any]:
+                    metadata: dict[str, str] | None = None) -> dict[str, Any]:
+    """`metadata`: the client's, as given (None: none was)."""
     obj = {"id": response_id, "object": "realtime.response", "status": status, "status_details": status_details,
            "output": output, "output_modalities": modalities, "modalities": modalities,
            "conversation_id": conversation_id, "audio": {"output": {"format": output_format, "voice": voice}},
-           "max_output_tokens": max_output_tokens, "metadata": metadata or {}}
+           "max_output_tokens": max_output_tokens, "metadata": metadata}
     if usage is not None:
         obj["usage"] = usage
     return obj

@@ -27,6 +27,9 @@ from vllm_omni.protocol.errors import ProtocolError
 # The GA wire default for output audio (pcm16 and wav are always sent at it). Not the engine's
 # rate: the engine's audio is resampled to the session's output format (audio/formats.encode_output).
 OUTPUT_RATE = 24000
+# GA's input rate: audio a session receives without a rate of its own is 24 kHz PCM16 (resampled to
+# the model's 16 kHz); other rates are an extension a client declares (docs/realtime-api.md §3.1).
+INPUT_RATE = 24000
 # Server-VAD values a deploy may set for sessions whose client turns server_vad on without them.
 TURN_DETECTION_DEFAULT_FIELDS = ("threshold", "silence_duration_ms", "prefix_padding_ms")
 TURN_DETECTION_FIELDS = {"type", "threshold", "prefix_padding_ms", "silence_duration_ms", "create_response",
@@ -56,7 +59,7 @@ class SessionConfig(BaseModel):
     model: str
     instructions: str | None = None
     modalities: list[str] = Field(default_factory=lambda: ["text", "audio"])
-    input_format: AudioFormat = AudioFormat("pcm16", 16000)
+    input_format: AudioFormat = AudioFormat("pcm16", INPUT_RATE)
     output_format: AudioFormat = AudioFormat("pcm16", OUTPUT_RATE)
     turn_detection: TurnDetection | None = None
     transcription: Any = None
@@ -123,7 +126,7 @@ def parse_format(value: Any, *, output: bool, param: str) -> AudioFormat:
     if output and canonical in ("pcm16", "wav"):
         return AudioFormat(canonical, OUTPUT_RATE)  # the GA wire rate, whatever rate was asked
     if rate is None:  # GA `audio/pcm` objects default to 24 kHz (GA semantics), flat names to their own rate
-        rate = OUTPUT_RATE if (ga_object and not output and canonical == "pcm16") else DEFAULT_RATES[canonical]
+        rate = INPUT_RATE if (ga_object and not output and canonical == "pcm16") else DEFAULT_RATES[canonical]
     return AudioFormat(canonical, rate)
 
 

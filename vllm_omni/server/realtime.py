@@ -24,6 +24,7 @@ from vllm_omni.metrics import prometheus as metrics
 from vllm_omni.protocol.client_events import canonical_type, client_event_id, parse_client_event
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.frames import decode_client_frame
+from vllm_omni.protocol.ga_view import EXTENSIONS_QUERY, wants_extensions
 from vllm_omni.protocol.server_event_builders import session_closed
 from vllm_omni.protocol.server_events import error_event, flat_error
 from vllm_omni.protocol.states import Lane
@@ -51,6 +52,8 @@ class RealtimeConnection:
         self._holds_slot = False  # counted in `sessions`
         self._close_reason = "session_ended"
         self._work_stopped = False
+        # [EXT] events and fields only for a client that asks (docs/realtime-api.md §1.3)
+        self.extensions = wants_extensions(websocket.query_params.get(EXTENSIONS_QUERY))
 
     async def serve(self) -> None:
         ws = self.websocket
@@ -83,7 +86,7 @@ class RealtimeConnection:
         metrics.SESSIONS_TOTAL.inc()
         try:
             self.outbox = Outbox(ws, self.settings.send_timeout_s)
-            self.session = open_session(model, self.outbox.put)
+            self.session = open_session(model, self.outbox.put, self.extensions)
             await self._receive_loop()
         except Exception:  # a bug of ours: the session still ends cleanly below
             logger.exception("realtime session failed")
@@ -124,12 +127,13 @@ class RealtimeConnection:
 
     async def _end(self, reason: str) -> None:
         """Terminal: the session's work is cancelled and its slot freed before `session.closed`
-        goes out (GA lane; the legacy lane just closes), so a client may open its next
-        session at once. The socket is closed by `_teardown`."""
+        goes out ([EXT]: GA lane with extensions; otherwise the socket just closes, with the
+        reason), so a client may open its next session at once. The socket is closed by
+        `_teardown`."""
         await self._stop_work()
         self._release_slot()
         self._close_reason = reason
-        if self.session.lane is not Lane.LEGACY:
+        if self.extensions and self.session.lane is not Lane.LEGACY:
             self.outbox.put(session_closed(session_id=self.session.id, reason=reason))
 
     async def _next_message(self, timeout: float) -> dict[str, Any] | None:

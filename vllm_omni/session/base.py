@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from vllm_omni.protocol.client_events import ClientEvent, client_event_id
 from vllm_omni.protocol.errors import ProtocolError
+from vllm_omni.protocol.ga_view import ga_view
 from vllm_omni.protocol.session_config import SessionConfig
 from vllm_omni.protocol.states import Lane, SessionMode
 
@@ -16,6 +17,18 @@ logger = logging.getLogger(__name__)
 
 Emit = Callable[[dict[str, Any]], None]  # queues one server event; never blocks
 DEFAULT_MAX_HISTORY_AUDIO_S = 1200.0  # user speech a conversation keeps (as log-mel features: ~61 MB)
+
+
+def ga_only(emit: Emit) -> Emit:
+    """`emit` for a connection that did not ask for extensions: each event goes out in its
+    pure-GA view, and extension events not at all (docs/realtime-api.md §1.3)."""
+
+    def send(event: dict[str, Any]) -> None:
+        view = ga_view(event)
+        if view is not None:
+            emit(view)
+
+    return send
 
 
 @dataclass(frozen=True)

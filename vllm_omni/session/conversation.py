@@ -84,19 +84,29 @@ class Conversation:
                 dropped.append(item)
         return dropped
 
-    def messages(self, instructions: str | None) -> list[Message]:
-        """The engine's view: system instructions, then every turn that says something."""
-        messages = [Message("system", text=instructions)] if instructions else []
-        for item in self.items:
-            if item.role == "assistant":
-                if item.kept_text:
-                    messages.append(Message("assistant", text=item.kept_text))
-            elif item.role == "system":
-                if item.text:
-                    messages.append(Message("system", text=item.text))
-            elif item.stream is not None or item.text:
-                messages.append(Message("user", text=item.text, audio_stream=item.stream))
-        return messages
+
+# A user turn that says nothing: the chat template answers a user turn, so a response to a
+# conversation that does not end with one (greet-first, or another reply after an answer) gets
+# this blank turn (docs/realtime-api.md §4.8). A space, as the engine refuses an empty turn.
+BLANK_USER_TURN = " "
+
+
+def prompt_messages(instructions: str | None, items: list[Item]) -> list[Message]:
+    """The engine's view of `items`: system instructions, then every turn that says something,
+    ending with a user turn."""
+    messages = [Message("system", text=instructions)] if instructions else []
+    for item in items:
+        if item.role == "assistant":
+            if item.kept_text:
+                messages.append(Message("assistant", text=item.kept_text))
+        elif item.role == "system":
+            if item.text:
+                messages.append(Message("system", text=item.text))
+        elif item.stream is not None or item.text:
+            messages.append(Message("user", text=item.text, audio_stream=item.stream))
+    if not messages or messages[-1].role != "user":
+        messages.append(Message("user", text=BLANK_USER_TURN))
+    return messages
 
 
 def announce(emit: Emit, previous_item_id: str | None, item: Item) -> None:

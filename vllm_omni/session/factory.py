@@ -10,14 +10,14 @@ from vllm_omni.engine.interface import EngineClient
 from vllm_omni.protocol.server_events import new_id, session_created
 from vllm_omni.protocol.session_config import SessionConfig
 from vllm_omni.protocol.states import Lane, SessionMode
-from vllm_omni.session.base import Emit, RealtimeSession, SessionOptions
+from vllm_omni.session.base import Emit, RealtimeSession, SessionOptions, ga_only
 from vllm_omni.session.legacy_session import LegacySession
 from vllm_omni.session.turn_lanes import TurnLanes
 from vllm_omni.session.turn_session import TurnSession
 
 TRUE_VALUES = {"1", "true", "yes", "on"}
 
-Opener = Callable[[str, Emit], RealtimeSession]  # (model, emit) -> the session, greeted
+Opener = Callable[[str, Emit, bool], RealtimeSession]  # (model, emit, extensions) -> the session, greeted
 
 
 class SessionRefused(Exception):
@@ -49,10 +49,12 @@ class SessionFactory:
         raise SessionRefused(f"no session kind serves the {Lane.DUPLEX.value} lane yet "
                              f"(session_mode: {self.options.session_mode.value})")
 
-    def _open_turn(self, model: str, emit: Emit) -> RealtimeSession:
+    def _open_turn(self, model: str, emit: Emit, extensions: bool) -> RealtimeSession:
         """A turn-mode session: GA lane, or legacy if the client's first events ask for it;
-        session.created (readable in both dialects) goes out at once."""
+        session.created goes out at once. Without `extensions` the GA lane speaks pure GA
+        (docs/realtime-api.md §1.3); the legacy lane always speaks its own vocabulary."""
         config = SessionConfig(id=new_id("sess_"), model=model)
-        ga = TurnSession(self.engine, config, self.options, emit)
-        emit(session_created(ga.session_object(), legacy_id=new_id("sess-")))
+        ga_emit = emit if extensions else ga_only(emit)
+        ga = TurnSession(self.engine, config, self.options, ga_emit)
+        ga_emit(session_created(ga.session_object(), legacy_id=new_id("sess-")))
         return TurnLanes(ga, lambda: LegacySession(self.engine, config, self.options, emit))

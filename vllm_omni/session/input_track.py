@@ -98,7 +98,7 @@ class InputTrack:
             raise ProtocolError("bad_event", "this model takes no video frames; send images as "
                                 "conversation.item.create items with input_image content", "video_frames")
         if not ev.payload:
-            raise ProtocolError("bad_event", "input_audio_buffer.append requires audio", "audio")
+            raise ProtocolError("missing_required_parameter", "Missing required parameter: 'audio'.", "audio")
         fmt = _append_format(ev, session_format)
         try:
             samples = self._converter.convert(decode_base64(ev.payload), fmt)
@@ -186,10 +186,10 @@ class InputTrack:
         server-initiated turn (server VAD, idle timeout: possibly empty) is padded with silence."""
         count = end_sample - self.pending.start
         if count < MIN_TURN_SAMPLES and not server_initiated:
-            raise ProtocolError("input_audio_buffer_empty",
-                                "input_audio_buffer.commit requires a non-empty input audio buffer" if count <= 0
-                                else f"input_audio_buffer.commit: the buffer holds {samples_to_ms(count)} ms of "
-                                     f"audio; at least {MIN_TURN_AUDIO_MS} ms is required")
+            raise ProtocolError("input_audio_buffer_commit_empty",
+                                "Error committing input audio buffer: buffer too small. Expected at least "
+                                f"{MIN_TURN_AUDIO_MS}ms of audio, but buffer only has {max(count, 0) / 16:.2f}ms "
+                                "of audio.")
         self.disarm_idle_timer()
         self._feed_stream(end_sample)
         self.pending.drop_until(end_sample)

@@ -4,6 +4,7 @@ truncate, items the session adds, and the cap on the user speech it keeps."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import numpy as np
 
@@ -25,61 +26,88 @@ from vllm_omni.session.base import Emit
 from vllm_omni.session.conversation import Conversation, Item, announce
 from vllm_omni.session.input_track import MIN_TURN_AUDIO_MS, MIN_TURN_SAMPLES
 
+# The verb of GA's message for an unknown item, per action (its code: item_<action>_invalid_item_id)
+NOT_FOUND = {"delete": "deleting", "retrieve": "retrieving", "truncate": "truncating"}
+
 
 class ItemStore:
-    def __init__(self, engine: EngineClient, emit: Emit, *, session_id: str,
-                 max_history_audio_ms: int):
+    """`input_format` gives the session's input format: item audio without a format of its own
+    is in it (as GA has it)."""
+
+    def __init__(self, engine: EngineClient, emit: Emit, *, session_id: str, max_history_audio_ms: int,
+                 input_format: Callable[[], AudioFormat]):
         self.engine = engine
         self._emit = emit
         self.session_id = session_id
         self.max_history_audio_ms = max_history_audio_ms
+        self._input_format = input_format
         self.conversation = Conversation()
 
     # Client events ------------------------------------------------------------------------
 
     async def create(self, ev: ce.ConversationItemCreate) -> Item:
-        """conversation.item.create: a message item, its audio turned into features."""
-        raw = ev.item
-        if raw is None:
-            raise ProtocolError("bad_event", "conversation.item.create requires item", "item")
+        """conversation.item.create."""
+        if ev.item is None:
+            raise ProtocolError("missing_required_parameter", "Missing required parameter: 'item'.", "item")
+        item = await self.build(ev.item, "item", unique=True)
+        previous = self.add(item, ev.previous_item_id)
+        announce(self._emit, previous, item)
+        if item.stream is not None:
+            self._emit(audio_buffer_committed(previous_item_id=previous, item_id=item.id))
+        self._emit(item_done(previous_item_id=previous, item=item.to_wire()))
+        return item
+
+    async def build(self, raw: ce.ItemPayload, where: str, *, unique: bool = False) -> Item:
+        """A message item from its payload (`where`: its field path), its audio turned into
+        features; `unique`: its id must not be taken."""
         if raw.type == "function_call_output":
             raise ProtocolError("invalid_function_call_output", "no function call of this session matches",
-                                "item.call_id")
+                                f"{where}.call_id")
         if raw.type != "message":
-            raise ProtocolError("bad_event", f"unsupported item type {raw.type!r}", "item.type")
-        if raw.id is not None and self.conversation.find(raw.id) is not None:
-            raise ProtocolError("bad_event", f"an item with id {raw.id!r} already exists", "item.id")
+            raise ProtocolError("bad_event", f"unsupported item type {raw.type!r}", f"{where}.type")
+        if unique and raw.id is not None and self.conversation.find(raw.id) is not None:
+            raise ProtocolError("bad_event", f"an item with id {raw.id!r} already exists", f"{where}.id")
         item = Item(id=raw.id or new_id("item_"), role=raw.role)
         texts, audio = [], []
         for index, part in enumerate(raw.content):
-            where = f"item.content.{index}"
+            at = f"{where}.content.{index}"
             if isinstance(part, ce.TextPart):
                 texts.append(part.text)
             elif isinstance(part, ce.ImagePart):
-                raise ProtocolError("unsupported", "this model does not take image input", where)
+                raise ProtocolError("unsupported", "this model does not take image input", at)
             elif raw.role != "user":
-                raise ProtocolError("bad_event", f"{raw.role} items cannot carry audio", where)
+                raise ProtocolError("bad_event", f"{raw.role} items cannot carry audio", at)
             else:
-                audio.append(_part_audio(part, where))
+                audio.append(_part_audio(part, at, self._input_format()))
                 item.transcript = part.transcript or item.transcript
         item.text = "".join(texts) or None
         if audio:
             samples = np.concatenate(audio)
             if samples.size < MIN_TURN_SAMPLES:
                 raise ProtocolError("bad_audio", f"item audio is {samples_to_ms(samples.size)} ms long; at least "
-                                    f"{MIN_TURN_AUDIO_MS} ms is required", "item.content")
+                                    f"{MIN_TURN_AUDIO_MS} ms is required", f"{where}.content")
             item.stream = self.engine.create_audio_stream()
             await asyncio.to_thread(item.stream.append, samples)  # features of a long clip: off the event loop
             item.audio_ms = samples_to_ms(samples.size)
-        previous = self.add(item, ev.previous_item_id)
-        announce(self._emit, previous, item)
-        if audio:
-            self._emit(audio_buffer_committed(previous_item_id=previous, item_id=item.id))
-        self._emit(item_done(previous_item_id=previous, item=item.to_wire()))
         return item
 
+    async def response_input(self, entries: list[ce.InputItemReference | ce.ItemPayload]) -> list[Item]:
+        """A response.create `input`: references name conversation items, inline items are
+        built for the response only (they do not enter the conversation)."""
+        items = []
+        for index, entry in enumerate(entries):
+            where = f"response.input.{index}"
+            if isinstance(entry, ce.InputItemReference):
+                item = self.conversation.find(entry.id)
+                if item is None:
+                    raise ProtocolError("item_not_found", f"Conversation item not found: {entry.id}", f"{where}.id")
+                items.append(item)
+            else:
+                items.append(await self.build(entry, where))
+        return items
+
     def delete(self, ev: ce.ItemReference) -> None:
-        item = self.get(ev.item_id)
+        item = self.get(ev.item_id, "delete")
         self.conversation.remove(item.id)
         self._emit(item_deleted(session_id=self.session_id, item_id=item.id))
 
@@ -89,29 +117,34 @@ class ItemStore:
     def truncate(self, ev: ce.ConversationItemTruncate) -> tuple[Item, int]:
         """conversation.item.truncate of an assistant item's audio; returns the item and the
         kept audio (ms) for the response's playback ledger."""
-        item = self.get(ev.item_id)
+        item = self.get(ev.item_id, "truncate")
         if item.role != "assistant":
-            raise ProtocolError("bad_event", "conversation.item.truncate only supports assistant message items",
+            raise ProtocolError("invalid_value", "conversation.item.truncate only supports assistant message items",
                                 "item_id")
         if ev.content_index != 0:
-            raise ProtocolError("bad_event", "conversation.item.truncate content_index out of range",
+            raise ProtocolError("invalid_value", "conversation.item.truncate content_index out of range",
                                 "content_index")
         if ev.audio_end_ms is None:
-            raise ProtocolError("bad_event", "conversation.item.truncate requires audio_end_ms", "audio_end_ms")
+            raise ProtocolError("missing_required_parameter", "Missing required parameter: 'audio_end_ms'.",
+                                "audio_end_ms")
         end = int(ev.audio_end_ms)
         if end > item.audio_duration_ms:
-            raise ProtocolError("bad_event", "audio_end_ms exceeds item audio duration", "audio_end_ms")
+            raise ProtocolError("invalid_value", f"audio_end_ms ({end}) exceeds the item's audio duration "
+                                f"({item.audio_duration_ms} ms)", "audio_end_ms")
         self._emit(item_truncated(session_id=self.session_id, item_id=item.id, audio_end_ms=end))
         return item, end
 
     # Session side -------------------------------------------------------------------------
 
-    def get(self, item_id: str | None) -> Item:
+    def get(self, item_id: str | None, action: str = "retrieve") -> Item:
+        """The item a client event of `action` (delete, retrieve, truncate) names."""
         if not item_id:
-            raise ProtocolError("missing_item_id", "item_id is required", "item_id")
+            raise ProtocolError("missing_required_parameter", "Missing required parameter: 'item_id'.", "item_id")
         item = self.conversation.find(item_id)
         if item is None:
-            raise ProtocolError("item_not_found", f"Conversation item not found: {item_id}", "item_id")
+            raise ProtocolError(f"item_{action}_invalid_item_id",
+                                f"Error {NOT_FOUND[action]} item: the item with id '{item_id}' does not exist.",
+                                "item_id")
         return item
 
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
@@ -138,10 +171,11 @@ class ItemStore:
         self.conversation.items.clear()
 
 
-def _part_audio(part: ce.AudioPart, where: str) -> np.ndarray:
-    """One audio part decoded to 16 kHz samples; empty parts are refused."""
+def _part_audio(part: ce.AudioPart, where: str, session_format: AudioFormat) -> np.ndarray:
+    """One audio part (in the session's format unless it names its own) decoded to 16 kHz
+    samples; empty parts are refused."""
     fmt = parse_format(part.format, output=False, param=f"{where}.format") if part.format is not None \
-        else AudioFormat("pcm16", 16000)
+        else session_format
     try:
         rate = check_rate(part.sample_rate_hz)
         if rate is not None:

@@ -112,7 +112,8 @@ class ResponseRun:
         self.previous_item_id = previous_item_id
         self._emit(response_created(response=self._response(
             ResponseStatus.IN_PROGRESS, output=[], metadata=self.options.metadata)))
-        announce(self._emit, previous_item_id, self.item)
+        if self.options.in_conversation:  # an out-of-band answer's item is in no conversation
+            announce(self._emit, previous_item_id, self.item)
         self._emit(output_item_added(response_id=self.id, item=self.item.to_wire()))
         if self.wants_audio:
             self._emit(content_part_added(**self._addr(0), part={"type": "audio", "transcript": ""}))
@@ -214,7 +215,8 @@ class ResponseRun:
             self._emit(content_part_done(**self._addr(0), part={"type": "text", "text": transcript}))
         item = self.item.to_wire()
         self._emit(output_item_done(response_id=self.id, item=item))
-        self._emit(item_done(previous_item_id=self.previous_item_id, item=item))
+        if self.options.in_conversation:
+            self._emit(item_done(previous_item_id=self.previous_item_id, item=item))
         usage = None
         if final is not None:
             text_tokens, audio_tokens, prompt = final.usage.text_tokens, final.usage.audio_tokens, \
@@ -224,10 +226,10 @@ class ResponseRun:
                      "input_token_details": {"text_tokens": prompt, "audio_tokens": 0, "image_tokens": 0,
                                              "cached_tokens": 0},
                      "output_token_details": {"text_tokens": text_tokens, "audio_tokens": audio_tokens}}
-        metadata = {**self.options.metadata, "vllm_omni": {"stage_metrics": self._stage_metrics},
-                    "playback": dict(self.playback), "committed": status is ResponseStatus.COMPLETED}
         self._emit(response_done(response=self._response(status, status_details=details, output=[item], usage=usage,
-                                                         metadata=metadata)))
+                                                         metadata=self.options.metadata),
+                                 stage_metrics=self._stage_metrics, playback=self.playback,
+                                 committed=status is ResponseStatus.COMPLETED))
         self._emit(rate_limits_updated())
         metrics.RESPONSES.labels(status=status.value).inc()
         if self._audio_samples and self._sample_rate:

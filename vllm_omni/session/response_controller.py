@@ -4,7 +4,7 @@ and the playback ledger clients acknowledge. At most one response is active at a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from vllm_omni.engine.interface import EngineClient
@@ -16,24 +16,28 @@ from vllm_omni.protocol.server_events import new_id
 from vllm_omni.protocol.session_config import SessionConfig
 from vllm_omni.protocol.states import ResponseStatus
 from vllm_omni.session.base import Emit
-from vllm_omni.session.conversation import Conversation, Item
+from vllm_omni.session.conversation import Conversation, Item, prompt_messages
 from vllm_omni.session.response import ResponseRun
 from vllm_omni.session.response_options import ResponseOptions, response_options
 
 MAX_KEPT_RESPONSES = 64  # finished responses a session still answers playback acks for
+NOT_ACTIVE = "response_cancel_not_active"  # GA's code for a cancel of no (or a finished) response
 
 
 class ResponseController:
-    """`config` gives the session's current settings; `on_started` / `on_completed` tell the
-    session when a response starts and when one completes (for its idle timer)."""
+    """`config` gives the session's current settings; `resolve_input` turns a response.create
+    `input` into items; `on_started` / `on_completed` tell the session when a response starts
+    and when one completes (for its idle timer)."""
 
     def __init__(self, engine: EngineClient, emit: Emit, *,
                  conversation: Conversation, config: Callable[[], SessionConfig], default_speaker: str | None,
+                 resolve_input: Callable[[list[Any]], Awaitable[list[Item]]],
                  on_started: Callable[[], None], on_completed: Callable[[ResponseRun], None]):
         self.engine = engine
         self._emit = emit
         self.conversation = conversation
         self._config = config
+        self._resolve_input = resolve_input
         self.default_speaker = default_speaker
         self._on_started, self._on_completed = on_started, on_completed
         self.epoch = 0  # barge-ins and cancels so far
@@ -45,15 +49,20 @@ class ResponseController:
 
     # Creating ---------------------------------------------------------------------------------
 
-    def create(self, ev: ce.ResponseCreate) -> None:
-        """response.create."""
+    async def create(self, ev: ce.ResponseCreate) -> None:
+        """response.create: answers the conversation so far (whatever it holds: with nothing new
+        it is another reply, with nothing at all a greeting), or the response's own `input`."""
+        self._refuse_while_active()
+        options = self._options(ev.response.model_dump(exclude_unset=True))
+        context = None if ev.response.input is None else await self._resolve_input(ev.response.input)
+        self._refuse_while_active()  # the idle timer (§2.4.1) may have started one meanwhile
+        self._start(options, context)
+
+    def _refuse_while_active(self) -> None:
         if self.active is not None:
-            raise ProtocolError("response_already_active",
-                                "response.create cannot start while another response is active.")
-        if not self.unanswered:
-            raise ProtocolError("response_create_without_input",
-                                "response.create requires committed audio or text to answer")
-        self._start(self._options(ev.response.model_dump(exclude_unset=True)))
+            raise ProtocolError("conversation_already_has_active_response",
+                                f"Conversation already has an active response in progress: {self.active.id}. "
+                                "Wait until the response is finished before creating a new one.")
 
     def respond_or_defer(self) -> None:
         """Answer the new input now, or once the active response has completed."""
@@ -65,19 +74,20 @@ class ResponseController:
     def _options(self, overrides: dict[str, Any]) -> ResponseOptions:
         return response_options(self._config(), overrides, self.engine.speakers, self.default_speaker)
 
-    def _start(self, options: ResponseOptions) -> None:
+    def _start(self, options: ResponseOptions, context: list[Item] | None = None) -> None:
+        """`context`: the items the response answers instead of the conversation."""
         self._on_started()
         config = self._config()
         response_id = new_id("resp_")
         item = Item(id=f"item_{response_id}", role="assistant", status="in_progress")
-        messages = self.conversation.messages(options.instructions)
-        # An out-of-band answer (conversation "none") is streamed with its item events but
-        # does not enter the history, and leaves the turn unanswered in the conversation.
-        previous = self.conversation.add(item) if options.in_conversation else self.conversation.last_id()
+        messages = prompt_messages(options.instructions, self.conversation.items if context is None else context)
+        # An out-of-band answer (conversation "none") does not enter the history, and leaves the
+        # turn unanswered in the conversation.
+        previous = self.conversation.add(item) if options.in_conversation else None
         run = ResponseRun(response_id, options, item, session_id=config.id, emit=self._emit, on_done=self._done)
         self.active = self.last_response = run
         self.responses[response_id] = run
-        if options.in_conversation:
+        if options.in_conversation and context is None:
             self.unanswered = False
         request = OmniRequest(messages, request_id=f"{config.id}-{response_id}", speaker=options.speaker,
                               modalities=tuple(options.modalities),
@@ -115,13 +125,13 @@ class ResponseController:
         if ev.response_id:
             run = self.responses.get(ev.response_id)
             if run is None or run.done:
-                raise ProtocolError("response_not_active", f"Response is already complete: {ev.response_id}",
-                                    "response_id")
+                raise ProtocolError(NOT_ACTIVE, f"Cancellation failed: response {ev.response_id} is already "
+                                    "complete", "response_id")
             if run is not self.active:
-                raise ProtocolError("response_not_active", f"Response is not active: {ev.response_id}",
+                raise ProtocolError(NOT_ACTIVE, f"Cancellation failed: response {ev.response_id} is not active",
                                     "response_id")
         elif self.active is None:
-            raise ProtocolError("response_not_active", "response.cancel requires an active response")
+            raise ProtocolError(NOT_ACTIVE, "Cancellation failed: no active response found")
         self.cancel_active("client_cancelled")
 
     def clear_output(self, ev: ce.ResponseReference) -> None:
@@ -144,7 +154,8 @@ class ResponseController:
         if run is None:
             raise ProtocolError("playback_item_not_found", "no assistant item for that response", "response_id")
         if ev.played_ms is None:
-            raise ProtocolError("bad_event", "playback.ack requires numeric played_ms", "played_ms")
+            raise ProtocolError("missing_required_parameter", "Missing required parameter: 'played_ms'.",
+                                "played_ms")
         played = max(0, int(ev.played_ms))
         committed = max(0, int(ev.committed_ms)) if ev.committed_ms is not None else played
         run.playback["played_ms"] = max(run.playback["played_ms"], played)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from vllm_omni.audio.formats import AudioFormat
@@ -22,7 +22,7 @@ class ResponseOptions:
     instructions: str | None
     max_output_tokens: int | str  # a number, or "inf"
     temperature: float | None
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, str] | None = None  # the client's (GA: strings only), echoed as given
     client_limited: bool = False  # max_output_tokens came from the client
     in_conversation: bool = True  # False for `conversation: "none"` (out-of-band answers)
 
@@ -49,12 +49,12 @@ def response_options(config: SessionConfig, overrides: dict[str, Any], speakers:
     tokens = token_limit(next((overrides[k] for k in TOKEN_LIMIT_KEYS if k in overrides), config.max_output_tokens))
     limited = isinstance(tokens, int)
     speaker = voice.lower() if voice is not None and voice.lower() in speakers else default_speaker
-    metadata = overrides.get("metadata") if isinstance(overrides.get("metadata"), dict) else \
-        (config.metadata if isinstance(config.metadata, dict) else {})
+    metadata = overrides.get("metadata", config.metadata)
     return ResponseOptions(
         modalities=modalities or list(config.modalities),
         output_format=parse_format(out_fmt, output=True, param="response.output_audio_format")
         if out_fmt is not None else config.output_format,
         voice=voice, speaker=speaker, instructions=overrides.get("instructions", config.instructions),
         max_output_tokens=tokens if limited else "inf", temperature=overrides.get("temperature", config.temperature),
-        metadata=dict(metadata), client_limited=limited, in_conversation=overrides.get("conversation") != "none")
+        metadata=None if metadata is None else dict(metadata), client_limited=limited,
+        in_conversation=overrides.get("conversation") != "none")

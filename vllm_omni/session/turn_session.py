@@ -61,10 +61,12 @@ class TurnSession(ConfiguredSession):
                                 on_speech_started=self._speech_started, on_server_commit=self._server_commit,
                                 busy=lambda: self.responses.active is not None)
         self.items = ItemStore(engine, emit, session_id=config.id,
-                               max_history_audio_ms=int(options.max_history_audio_s * 1000))
+                               max_history_audio_ms=int(options.max_history_audio_s * 1000),
+                               input_format=lambda: self.config.input_format)
         self.responses = ResponseController(
             engine, emit, conversation=self.items.conversation, config=lambda: self.config,
-            default_speaker=options.default_speaker, on_started=self.input.disarm_idle_timer,
+            default_speaker=options.default_speaker, resolve_input=self.items.response_input,
+            on_started=self.input.disarm_idle_timer,
             on_completed=lambda run: self.input.arm_idle_timer(run.item.audio_duration_ms))
         # Every client event this lane takes (by canonical type; client_events.ALIASES spell some
         # of them differently) and what applies it. session.close is the connection's.
@@ -148,7 +150,7 @@ class TurnSession(ConfiguredSession):
 
     def _append_text(self, ev: ce.InputTextAppend) -> None:
         if not isinstance(ev.text, str):
-            raise ProtocolError("bad_event", "input.text.append requires text", "text")
+            raise ProtocolError("missing_required_parameter", "Missing required parameter: 'text'.", "text")
         raise ProtocolError("native_text_append_unsupported", "send text as a conversation.item.create user message")
 
     async def _create_item(self, ev: ce.ConversationItemCreate) -> None:

@@ -22,7 +22,7 @@ import torch
 
 from vllm_omni.config import CodecChunking, DeployConfig, SamplingParams
 from vllm_omni.engine.family import Route
-from vllm_omni.engine.request import AudioInputStream
+from vllm_omni.engine.request import AudioInputStream, RequestError
 from vllm_omni.engine.stage_api import AsyncStageDriver, StageDone, StageProgram, TextToken
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint, load_checkpoint
 from vllm_omni.models.qwen3_omni.messages import (
@@ -37,6 +37,7 @@ from vllm_omni.models.qwen3_omni.messages import (
 )
 from vllm_omni.models.qwen3_omni.prompt import ThinkerPrompt, render_prompt
 from vllm_omni.models.qwen3_omni.talker_bridge import speaker_codec_id
+from vllm_omni.models.qwen3_omni.tool_calls import CALL_OPEN, QwenToolCallParser, call_schema
 from vllm_omni.models.qwen3_omni.torch_backend.programs import Code2WavProgram, TalkerProgram, ThinkerProgram
 from vllm_omni.models.qwen3_omni.vllm_backend.talker import VllmTalkerDriver
 from vllm_omni.models.qwen3_omni.vllm_backend.thinker import VllmThinkerDriver
@@ -82,6 +83,7 @@ class RouteState:
     async_chunk: bool
     talker_started: bool = False
     seen_first_token: bool = False
+    calling_tool: bool = False  # the thinker began a tool call: what follows is not spoken
     held_for_talker: Route = field(default_factory=list)
 
 
@@ -134,6 +136,10 @@ class Qwen3OmniFamily:
         self.deploy = self.deploy.model_copy(update={"async_chunk": on})
 
     @property
+    def tool_call_open_id(self) -> int:
+        return self.checkpoint.tokenizer.convert_tokens_to_ids(CALL_OPEN)
+
+    @property
     def tokenizer(self):
         return self.checkpoint.tokenizer
 
@@ -143,8 +149,13 @@ class Qwen3OmniFamily:
         model_limit = self.checkpoint.config.thinker_config.text_config.max_position_embeddings
         return min(configured or model_limit, model_limit)
 
-    def render(self, messages: Sequence[dict[str, Any]], audio_features: Sequence[torch.Tensor]) -> ThinkerPrompt:
-        return render_prompt(self.checkpoint.tokenizer, self.checkpoint.config, messages, audio_features)
+    def render(self, messages: Sequence[dict[str, Any]], audio_features: Sequence[torch.Tensor],
+               tools: Sequence[dict[str, Any]] = (), call_tool: bool = False) -> ThinkerPrompt:
+        return render_prompt(self.checkpoint.tokenizer, self.checkpoint.config, messages, audio_features, tools,
+                             call_tool)
+
+    def tool_call_parser(self, forced: bool) -> QwenToolCallParser:
+        return QwenToolCallParser(self.checkpoint.tokenizer, forced)
 
     @property
     def speakers(self) -> list[str]:
@@ -166,13 +177,23 @@ class Qwen3OmniFamily:
         return "code2wav" if state.wants_audio and state.talker_started else "thinker"
 
     def start(self, request_id: str, prompt: ThinkerPrompt, sampling: dict[str, SamplingParams],
-              speaker: str | None, wants_audio: bool) -> tuple[RouteState, Route]:
+              speaker: str | None, wants_audio: bool,
+              forced_tools: Sequence[dict[str, Any]] | None = None) -> tuple[RouteState, Route]:
+        """A forced tool call is the thinker's JSON answer constrained by vLLM's structured outputs;
+        nothing is spoken for it (the talker never starts)."""
         thinker_sampling = sampling["thinker"]
+        schema = None
+        if forced_tools is not None:
+            if self.deploy.stage_by_role("thinker").backend != "vllm":
+                raise RequestError("tool_choice: forcing a tool call constrains the answer with vLLM's structured "
+                                   "outputs; the thinker stage runs on the torch backend (use backend: vllm)")
+            schema = call_schema(forced_tools)
         state = RouteState(request_id=request_id, wants_audio=wants_audio, speaker=speaker or DEFAULT_SPEAKER,
                            talker_sampling=sampling["talker"],
                            chunker=CodecChunker(self.chunking, streaming=self.deploy.async_chunk),
                            async_chunk=self.deploy.async_chunk)
-        return state, [("thinker", ThinkerJob(prompt, thinker_sampling, report_prefill=wants_audio))]
+        return state, [("thinker", ThinkerJob(prompt, thinker_sampling, report_prefill=wants_audio and schema is None,
+                                              json_schema=schema))]
 
     def route(self, state: RouteState, role: str, event: object) -> Route:
         if not state.wants_audio:
@@ -191,7 +212,8 @@ class Qwen3OmniFamily:
                                             state.talker_sampling)))
         elif isinstance(event, TextToken):
             first, state.seen_first_token = not state.seen_first_token, True
-            if event.fed and not first:  # the first token is part of the talker's prompt
+            state.calling_tool = state.calling_tool or event.token_id == self.tool_call_open_id
+            if event.fed and not first and not state.calling_tool:  # the first token is in the talker's prompt
                 out.append(("talker", TrailingText((event.token_id,))))
         elif isinstance(event, StageDone):
             if not state.talker_started:  # nothing to speak: the request ends with the thinker

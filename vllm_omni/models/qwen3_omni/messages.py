@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -25,6 +26,7 @@ class ThinkerJob:
     prompt: ThinkerPrompt
     sampling: SamplingParams
     report_prefill: bool  # the talker needs the prompt's hidden rows
+    json_schema: dict[str, Any] | None = None  # the answer must be JSON of this schema (a forced tool call)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ import torch
 from transformers import PreTrainedTokenizerBase, Qwen3OmniMoeConfig
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
+from vllm_omni.models.qwen3_omni.tool_calls import CALL_OPEN
+
 
 @dataclass
 class ThinkerPrompt:
@@ -30,10 +32,18 @@ def render_prompt(
     config: Qwen3OmniMoeConfig,
     messages: Sequence[dict[str, Any]],
     audio_features: Sequence[torch.Tensor],
+    tools: Sequence[dict[str, Any]] = (),
+    call_tool: bool = False,
 ) -> ThinkerPrompt:
     """`messages` use the chat-template shape ({'role', 'content'}; content parts of type
-    'audio' or 'text'); `audio_features[i]` belongs to the i-th audio part."""
-    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    'audio' or 'text'); `audio_features[i]` belongs to the i-th audio part. `tools` go to the
+    checkpoint's template as OpenAI-style function tools; `call_tool` opens a tool call after
+    the generation prompt, so the answer is the call's JSON."""
+    template_tools = [{"type": "function", "function": tool} for tool in tools] or None
+    text = tokenizer.apply_chat_template(list(messages), tools=template_tools, add_generation_prompt=True,
+                                         tokenize=False)
+    if call_tool:
+        text += f"{CALL_OPEN}\n"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     audio_pad = config.thinker_config.audio_token_id
     n_window = config.thinker_config.audio_config.n_window

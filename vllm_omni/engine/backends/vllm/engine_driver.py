@@ -83,16 +83,20 @@ def engine_kwargs(stage: StageConfig, model: str, **defaults: Any) -> dict[str, 
     return kwargs
 
 
-def vllm_sampling(params: SamplingParams, stop_token_ids: list[int], **overrides: Any) -> Any:
-    """vLLM sampling parameters streaming deltas of token ids (no detokenisation)."""
+def vllm_sampling(params: SamplingParams, stop_token_ids: list[int], json_schema: dict[str, Any] | None = None,
+                  **overrides: Any) -> Any:
+    """vLLM sampling parameters streaming deltas of token ids (no detokenisation); with
+    `json_schema`, the output is constrained to JSON of that schema (structured outputs)."""
     from vllm import SamplingParams as VllmSamplingParams
-    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
     fields: dict[str, Any] = dict(
         temperature=params.temperature, top_k=params.top_k if params.top_k is not None else 0,
         top_p=params.top_p, min_p=params.min_p, max_tokens=params.max_tokens, min_tokens=params.min_tokens,
         repetition_penalty=params.repetition_penalty, seed=params.seed, ignore_eos=params.ignore_eos,
         stop_token_ids=stop_token_ids, detokenize=False, output_kind=RequestOutputKind.DELTA)
+    if json_schema is not None:
+        fields["structured_outputs"] = StructuredOutputsParams(json=json_schema)
     fields.update(overrides)
     return VllmSamplingParams(**fields)
 

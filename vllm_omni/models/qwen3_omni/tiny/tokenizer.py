@@ -36,9 +36,10 @@ ROLE_WORD_IDS = {"system": SYSTEM_WORD, "user": USER_WORD, "assistant": ASSISTAN
 
 # Qwen's chat-ML layout: one `<|im_start|>role\n ... <|im_end|>\n` block per message; media
 # parts become their placeholder (the processor expands the pad token to the feature count).
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+# Tools follow Qwen3's layout: their JSON signatures in the system turn, calls as
+# `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>` in the assistant turn, and
+# results as `<tool_response>` blocks in a user turn.
+_CONTENT = (
     "{%- if message['content'] is string -%}{{- message['content'] -}}"
     "{%- else -%}{%- for part in message['content'] -%}"
     "{%- if part['type'] == 'audio' -%}{{- '<|audio_start|><|audio_pad|><|audio_end|>' -}}"
@@ -46,7 +47,35 @@ CHAT_TEMPLATE = (
     "{%- elif part['type'] == 'video' -%}{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
     "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}"
     "{%- endif -%}{%- endfor -%}{%- endif -%}"
+)
+CHAT_TEMPLATE = (
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if messages[0]['role'] == 'system' -%}{%- set message = messages[0] -%}" + _CONTENT +
+    "{{- '\\n\\n' -}}{%- endif -%}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\\n' -}}{{- tool | tojson -}}{%- endfor -%}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, "
+    "\"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' -}}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- elif not (tools and loop.first and message['role'] == 'system') -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}" + _CONTENT +
+    "{%- for call in message.get('tool_calls') or [] -%}"
+    "{%- if (loop.first and message['content']) or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' -}}"
+    "{%- if call['function']['arguments'] is string -%}{{- call['function']['arguments'] -}}"
+    "{%- else -%}{{- call['function']['arguments'] | tojson -}}{%- endif -%}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
     "{{- '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )

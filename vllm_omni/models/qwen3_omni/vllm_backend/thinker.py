@@ -43,9 +43,11 @@ class VllmThinkerDriver(VllmEngineDriver):
     def engine_kwargs(self) -> dict[str, Any]:
         # Audio: the stage's limit (vLLM's default when unset), which the orchestrator keeps
         # prompts within. Images and video never come from this pipeline: 0 unless configured,
-        # so vLLM does not reserve memory for their encoders.
+        # so vLLM does not reserve memory for their encoders. Forced tool calls are compact
+        # JSON (xgrammar, no free whitespace between tokens, so a call always ends).
         return engine_kwargs(self.stage, self.checkpoint_path, enable_mm_embeds=True,
                              limit_mm_per_prompt={"image": 0, "video": 0},
+                             structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
                              worker_cls=worker_path("Capture", cpu=cpu_platform()))
 
     def starts_request(self, message: object) -> bool:
@@ -82,7 +84,8 @@ class VllmThinkerDriver(VllmEngineDriver):
             raise TypeError(f"thinker cannot take {type(message).__name__}")
         generated: list[int] = []
         try:
-            sampling = vllm_sampling(message.sampling, [self.eos_token_id, *message.sampling.stop_token_ids])
+            sampling = vllm_sampling(message.sampling, [self.eos_token_id, *message.sampling.stop_token_ids],
+                                     json_schema=message.json_schema)
             # aclosing: however the loop ends, vLLM aborts the request before it is forgotten below
             async with aclosing(self.engine.generate(self._prompt(message), sampling, request_id)) as outputs:
                 async for output in outputs:
