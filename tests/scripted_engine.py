@@ -28,6 +28,7 @@ from vllm_omni.engine.request import (
     RequestFinished,
     StageMetrics,
     TextDelta,
+    ToolCall,
     Usage,
 )
 from vllm_omni.protocol.session_config import SessionConfig
@@ -61,13 +62,22 @@ class Raise:
 
 
 @dataclass(frozen=True)
+class Call:
+    """The model calls a function (a `ToolCall` output)."""
+
+    name: str
+    arguments: str = "{}"
+    call_id: str = "call_1"
+
+
+@dataclass(frozen=True)
 class Finish:
     reason: FinishReason = FinishReason.STOP
     error: str | None = None
     error_code: str | None = None
 
 
-Step = Text | Audio | Wait | Stall | Raise | Finish
+Step = Text | Audio | Call | Wait | Stall | Raise | Finish
 
 ANSWER = (Text("Hello"), Audio(100), Text(" there."), Audio(100))  # a short spoken answer
 
@@ -114,6 +124,8 @@ class ScriptedEngine:
                 text += step.text
                 stage_outputs += 1
                 yield TextDelta(rid, step.text, (stage_outputs,))
+            elif isinstance(step, Call):
+                yield ToolCall(step.call_id, step.name, step.arguments)
             elif isinstance(step, Audio) and "audio" in request.modalities:
                 start = samples
                 samples += step.ms * self.output_sample_rate // 1000

@@ -153,6 +153,19 @@ async def test_the_factory_greets_in_pure_ga_and_leaves_the_legacy_lane_its_voca
                                   "response.output_audio.delta", "transcription.done", "response.output_audio.done"]
 
 
+@pytest.mark.parametrize(("extensions", "turn_detection"), [(False, "server_vad"), (True, None)])
+def test_a_ga_session_starts_with_server_vad_as_in_ga(extensions: bool, turn_detection: str | None) -> None:
+    """GA's default; a session that asked for our extensions starts with manual turns (as before)."""
+    options = SessionOptions(served_models=["tiny"], turn_detection_defaults={"silence_duration_ms": 650.0})
+    events = Events()
+    SessionFactory(ScriptedEngine(), options).route(duplex_endpoint=False, duplex_query=None)(
+        "tiny", events.append, extensions)
+    echoed = events[0]["session"]["audio"]["input"]["turn_detection"]
+    assert (echoed or {}).get("type") == turn_detection
+    if echoed:
+        assert echoed["silence_duration_ms"] == 650  # the deploy's defaults
+
+
 @pytest.mark.parametrize(("query", "asked"), [(None, False), ("", False), ("other", False),
                                               ("vllm_omni", True), ("other, vllm_omni", True)])
 def test_the_extensions_query(query: str | None, asked: bool) -> None:

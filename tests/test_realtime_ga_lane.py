@@ -165,7 +165,7 @@ ERROR_CASES = [
     ("rate out of range", append_with(audio=base64.b64encode(b"\0\0").decode(), sample_rate_hz=4000,
                                       event_id="e5"), "bad_event"),
     ("unsupported turn detection", {"type": "session.update", "event_id": "e6",
-                                    "session": {"turn_detection": {"type": "semantic_vad"}}},
+                                    "session": {"turn_detection": {"type": "push_to_talk"}}},
      "unsupported_turn_detection"),
     ("unknown model", {"type": "session.update", "event_id": "e7", "session": {"model": "gpt-9"}},
      "model_not_found"),

@@ -21,6 +21,9 @@ COMMITTED = {"type": "input.committed", "session_id": "sess_1", "turn_id": 2, "e
              "native_audio": True, "realtime_item_id": "item_1"}
 
 # builder, its keyword arguments, the event type, the fields after type and event_id (in wire order)
+CALL = {"response_id": "resp_1", "item_id": "item_call_1", "output_index": 1, "call_id": "call_1", "delta": "{}"}
+CALL_DONE = {"response_id": "resp_1", "item_id": "item_call_1", "output_index": 1, "call_id": "call_1",
+             "name": "get_weather", "arguments": "{}"}
 CASES: list[tuple[Any, dict[str, Any], str, dict[str, Any]]] = [
     (b.session_updated, {"session": {"id": "sess_1"}}, "session.updated", {"session": {"id": "sess_1"}}),
     (b.session_closed, {"session_id": "sess_1", "reason": "client_close"}, "session.closed",
@@ -90,6 +93,8 @@ CASES: list[tuple[Any, dict[str, Any], str, dict[str, Any]]] = [
      {**ADDR, "transcript": "hi"}),
     (b.output_text_delta, {**ADDR, "delta": "hi"}, "response.output_text.delta", {**ADDR, "delta": "hi"}),
     (b.output_text_done, {**ADDR, "text": "hi"}, "response.output_text.done", {**ADDR, "text": "hi"}),
+    (b.function_call_arguments_delta, CALL, "response.function_call_arguments.delta", CALL),
+    (b.function_call_arguments_done, CALL_DONE, "response.function_call_arguments.done", CALL_DONE),
     (b.output_audio_buffer_cleared, {"response_id": None}, "output_audio_buffer.cleared", {"response_id": None}),
     (b.playback_acknowledged, {"session_id": "sess_1", "epoch": 0, "item_id": "item_resp_1", "played_ms": 500,
                                "committed_ms": 400, "truncate": False, "playback": PLAYBACK,

@@ -96,14 +96,14 @@ def test_overlap_policy_derives_interrupt_response() -> None:
     ({"sample_rate_hz": 4000}, "bad_event", "sample_rate_hz"),
     ({"sample_rate_hz": 16000.5}, "bad_event", "sample_rate_hz"),
     ({"turn_detection": "on"}, "unsupported_turn_detection", "turn_detection"),
-    ({"turn_detection": {"type": "semantic_vad"}}, "unsupported_turn_detection", "turn_detection"),
+    ({"turn_detection": {"type": "semantic_vad", "threshold": 0.5}}, "unsupported_turn_detection", "turn_detection"),
+    ({"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}, "invalid_value", "turn_detection.eagerness"),
     ({"turn_detection": {"type": "server_vad", "eagerness": "high"}}, "unsupported_turn_detection",
      "turn_detection"),
     ({"turn_detection": {"type": "server_vad", "threshold": 0.1}}, "unsupported_turn_detection", "turn_detection"),
     ({"turn_detection": {"type": "server_vad", "silence_duration_ms": -1}}, "unsupported_turn_detection",
      "turn_detection"),
     ({"voice": {"id": "custom"}}, "bad_event", "audio.output.voice"),
-    ({"tools": [{"type": "function", "name": "f"}]}, "invalid_duplex_runtime_config", "tools"),
     ({"extra_body": {"auto_response": True}}, "invalid_duplex_runtime_config", "extra_body"),
 ])
 def test_rejections(session: dict, code: str, param: str) -> None:
@@ -116,7 +116,18 @@ def test_format_errors_are_reported_before_turn_detection_errors() -> None:
     assert problem.code == "unsupported_audio_format"
 
 
+@pytest.mark.parametrize(("eagerness", "silence_ms"), [("low", 1500), ("medium", 800), ("auto", 800), ("high", 300)])
+def test_semantic_vad_waits_by_eagerness_and_echoes_as_ga(eagerness: str, silence_ms: int) -> None:
+    config = update({"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": eagerness,
+                                                            "interrupt_response": True}}}})
+    td = config.turn_detection
+    assert (td.type, td.silence_duration_ms, td.interrupt_response, td.create_response) == \
+        ("semantic_vad", silence_ms, True, True)
+    echoed = session_object(config, {})["audio"]["input"]["turn_detection"]
+    assert (echoed["type"], echoed["eagerness"]) == ("semantic_vad", eagerness)
+
+
 def test_a_rejected_update_changes_nothing() -> None:
     current = update({"instructions": "keep"})
-    error({"instructions": "changed", "turn_detection": {"type": "semantic_vad"}}, current)
+    error({"instructions": "changed", "turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}, current)
     assert current.instructions == "keep"

@@ -53,7 +53,8 @@ async def test_previous_item_id_places_the_item() -> None:
 @pytest.mark.parametrize(("item", "code", "param"), [
     (None, "missing_required_parameter", "item"),
     ({"type": "function_call_output", "call_id": "c", "output": "{}"}, "invalid_function_call_output", "item.call_id"),
-    ({"type": "function_call"}, "bad_event", "item.type"),
+    ({"type": "function_call"}, "missing_required_parameter", "item.call_id"),
+    ({"type": "function_call", "call_id": "c"}, "missing_required_parameter", "item.name"),
     ({"content": [{"type": "input_image", "image_url": "data:"}]}, "unsupported", "item.content.0"),
     ({"role": "assistant", "content": [{"type": "input_audio", "audio": pcm16_b64(0.2)}]}, "bad_event",
      "item.content.0"),

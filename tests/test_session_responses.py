@@ -77,7 +77,9 @@ async def test_the_speaker_follows_the_voice_then_the_deploy_default(voice, defa
 
 
 @pytest.mark.parametrize(("response", "code"), [
-    ({"tools": [{"type": "function", "name": "f"}]}, "invalid_duplex_runtime_config"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "nope"}}]}, "invalid_value"),
+    ({"tools": [{"type": "web_search"}]}, "invalid_value"),
+    ({"tool_choice": {"type": "function"}}, "invalid_value"),
     ({"output_modalities": ["video"]}, "bad_event"),
     ({"audio": {"output": {"voice": {"id": "v"}}}}, "bad_event"),
     ({"output_audio_format": "mp3"}, "unsupported_audio_format"),

@@ -33,6 +33,7 @@ SESSION_KEYS = ("type", "model", "instructions", "output_modalities", "audio", "
 AUDIO_KEYS = (("input", ("turn_detection", "transcription", "noise_reduction")), ("output", ("voice", "speed")))
 SERVER_VAD_KEYS = ("type", "threshold", "prefix_padding_ms", "silence_duration_ms", "create_response",
                    "interrupt_response", "idle_timeout_ms")
+SEMANTIC_VAD_KEYS = ("type", "eagerness", "create_response", "interrupt_response")
 GA_RATES = {"audio/pcm": 24000, "audio/pcmu": 8000, "audio/pcma": 8000}  # the only rate GA has for each
 GA_CANCEL_REASONS = frozenset({"turn_detected", "client_cancelled"})
 
@@ -82,7 +83,8 @@ def ga_session(session: dict[str, Any]) -> dict[str, Any]:
     view["audio"] = {direction: _ga_audio(session["audio"][direction], keys) for direction, keys in AUDIO_KEYS}
     td = view["audio"]["input"]["turn_detection"]
     if td is not None:
-        view["audio"]["input"]["turn_detection"] = {key: _ms(td[key]) for key in SERVER_VAD_KEYS if key in td}
+        keys = SEMANTIC_VAD_KEYS if td["type"] == "semantic_vad" else SERVER_VAD_KEYS
+        view["audio"]["input"]["turn_detection"] = {key: _ms(td[key]) for key in keys if key in td}
     return view
 
 
@@ -92,7 +94,9 @@ def _ga_audio(settings: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]
 
 
 def ga_item(item: dict[str, Any]) -> dict[str, Any]:
-    """An item without the assistant content's `audio_duration_ms`."""
+    """An item without the assistant content's `audio_duration_ms` (function items have no content)."""
+    if "content" not in item:
+        return item
     content = [{k: v for k, v in part.items() if k != "audio_duration_ms"} for part in item["content"]]
     return {**item, "content": content}
 

@@ -203,6 +203,18 @@ def output_text_done(*, response_id: str, item_id: str, text: str, output_index:
     return _part_event(kinds.OUTPUT_TEXT_DONE, response_id, item_id, output_index, content_index, text=text)
 
 
+def function_call_arguments_delta(*, response_id: str, item_id: str, output_index: int, call_id: str,
+                                  delta: str) -> Wire:
+    return event(kinds.FUNCTION_CALL_ARGUMENTS_DELTA, response_id=response_id, item_id=item_id,
+                 output_index=output_index, call_id=call_id, delta=delta)
+
+
+def function_call_arguments_done(*, response_id: str, item_id: str, output_index: int, call_id: str, name: str,
+                                 arguments: str) -> Wire:
+    return event(kinds.FUNCTION_CALL_ARGUMENTS_DONE, response_id=response_id, item_id=item_id,
+                 output_index=output_index, call_id=call_id, name=name, arguments=arguments)
+
+
 # Output audio and playback -----------------------------------------------------------------
 
 def output_audio_buffer_cleared(*, response_id: str | None) -> Wire:

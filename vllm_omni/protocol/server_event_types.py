@@ -41,6 +41,8 @@ OUTPUT_AUDIO_TRANSCRIPT_DELTA = "response.output_audio_transcript.delta"
 OUTPUT_AUDIO_TRANSCRIPT_DONE = "response.output_audio_transcript.done"
 OUTPUT_TEXT_DELTA = "response.output_text.delta"
 OUTPUT_TEXT_DONE = "response.output_text.done"
+FUNCTION_CALL_ARGUMENTS_DELTA = "response.function_call_arguments.delta"
+FUNCTION_CALL_ARGUMENTS_DONE = "response.function_call_arguments.done"
 
 # Output audio and playback
 OUTPUT_AUDIO_BUFFER_CLEARED = "output_audio_buffer.cleared"

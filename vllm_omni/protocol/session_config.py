@@ -39,10 +39,17 @@ MAX_IDLE_TIMEOUT_MS = 86_400_000
 _UNSET = object()
 
 
+# semantic_vad: how long the server waits after speech before it ends the turn, by eagerness
+# (docs/realtime-api.md §2.4); "auto" is "medium".
+EAGERNESS_SILENCE_MS = {"low": 1500.0, "medium": 800.0, "auto": 800.0, "high": 300.0}
+SEMANTIC_VAD_FIELDS = {"type", "eagerness", "create_response", "interrupt_response"}
+
+
 class TurnDetection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["server_vad"] = "server_vad"
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None  # semantic_vad only
     threshold: float = 0.5
     prefix_padding_ms: float = 300
     silence_duration_ms: float = 500
@@ -143,9 +150,11 @@ def parse_turn_detection(value: Any, mode: str, defaults: Mapping[str, float] | 
         return None
     if not isinstance(value, dict):
         raise ProtocolError(code, "turn_detection must be null or an object", param)
+    if value.get("type") == "semantic_vad":
+        return _semantic_vad(value, mode, defaults)
     if value.get("type") != "server_vad":
         raise ProtocolError(code, f"turn_detection type {value.get('type')!r} is not supported "
-                                  "(only 'server_vad')", param)
+                                  "(server_vad or semantic_vad)", param)
     unknown = sorted(set(value) - TURN_DETECTION_FIELDS)
     if unknown:
         raise ProtocolError(code, f"unknown turn_detection fields: {', '.join(unknown)}", param)
@@ -166,6 +175,26 @@ def parse_turn_detection(value: Any, mode: str, defaults: Mapping[str, float] | 
     fields = {**(defaults or {}), **{k: v for k, v in value.items() if k in TURN_DETECTION_FIELDS}}
     fields.setdefault("interrupt_response", mode == "duplex")
     return TurnDetection(**fields)
+
+
+def _semantic_vad(value: dict[str, Any], mode: str, defaults: Mapping[str, float] | None) -> TurnDetection:
+    """semantic_vad: speech is found as with server_vad; `eagerness` sets how long a pause
+    ends the turn."""
+    code, param = "unsupported_turn_detection", "turn_detection"
+    unknown = sorted(set(value) - SEMANTIC_VAD_FIELDS)
+    if unknown:
+        raise ProtocolError(code, f"unknown semantic_vad fields: {', '.join(unknown)}", param)
+    eagerness = value.get("eagerness", "auto")
+    if eagerness not in EAGERNESS_SILENCE_MS:
+        raise ProtocolError("invalid_value", "turn_detection.eagerness must be low, medium, high or auto",
+                            f"{param}.eagerness")
+    for key in ("create_response", "interrupt_response"):
+        if key in value and not isinstance(value[key], bool):
+            raise ProtocolError(code, f"turn_detection.{key} must be true or false", param)
+    fields = {**(defaults or {}), **{k: v for k, v in value.items() if k in ("create_response", "interrupt_response")}}
+    fields.setdefault("interrupt_response", mode == "duplex")
+    return TurnDetection(**{**fields, "type": "semantic_vad", "eagerness": eagerness,
+                            "silence_duration_ms": EAGERNESS_SILENCE_MS[eagerness]})
 
 
 def _modalities(value: Any) -> list[str]:
@@ -250,9 +279,7 @@ def apply_session_update(current: SessionConfig, session: dict[str, Any], served
         updates["max_output_tokens"] = token_limit(tokens)
     if "temperature" in session:
         updates["temperature"] = session["temperature"]
-    if session.get("tools"):
-        raise ProtocolError("invalid_duplex_runtime_config", "tool calling is not supported by this model", "tools")
-    for key in ("tool_choice", "metadata", "include", "prompt", "tracing", "truncation"):
+    for key in ("tools", "tool_choice", "metadata", "include", "prompt", "tracing", "truncation"):
         if key in session:
             updates[key] = session[key]
     transcription = _first(_get(audio_in, "transcription"), session.get("input_audio_transcription", _UNSET))
@@ -289,7 +316,8 @@ def _apply_overlap_policy(policy: Any, td_sent: Any, updates: dict[str, Any], cu
 
 def session_object(config: SessionConfig, state: dict[str, Any]) -> dict[str, Any]:
     """The `session` object of session.created / session.updated (docs/realtime-api.md §2.6)."""
-    td = config.turn_detection.model_dump() if config.turn_detection else None
+    td = config.turn_detection.model_dump(exclude={"eagerness"} if config.turn_detection.eagerness is None else None) \
+        if config.turn_detection else None
     return {
         "object": "realtime.session", "type": "realtime", "id": config.id, "model": config.model,
         "instructions": config.instructions, "output_modalities": list(config.modalities),

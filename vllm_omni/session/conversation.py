@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_omni.engine.request import AudioInputStream, Message
+from vllm_omni.engine.request import AudioInputStream, Message, ToolCall
 from vllm_omni.protocol.server_event_builders import item_added, item_created
 from vllm_omni.session.base import Emit
 
@@ -13,8 +13,11 @@ from vllm_omni.session.base import Emit
 @dataclass
 class Item:
     id: str
-    role: str  # user | assistant | system
+    role: str  # user | assistant | system (for messages)
     status: str = "completed"
+    type: str = "message"  # | function_call | function_call_output
+    call: ToolCall | None = None  # of a function_call, or the call_id (name, arguments empty) of an output
+    output: str = ""  # a function_call_output's result
     text: str | None = None  # typed text (user/system) or the spoken transcript (assistant)
     stream: AudioInputStream | None = None  # user speech as features, computed while it arrived
     audio_ms: int = 0  # how much user speech the item was given
@@ -33,6 +36,12 @@ class Item:
         return self.audio_ms if self.stream is not None else 0
 
     def to_wire(self) -> dict[str, Any]:
+        if self.type == "function_call":
+            return {"id": self.id, "object": "realtime.item", "type": "function_call", "status": self.status,
+                    "call_id": self.call.call_id, "name": self.call.name, "arguments": self.call.arguments}
+        if self.type == "function_call_output":
+            return {"id": self.id, "object": "realtime.item", "type": "function_call_output", "status": self.status,
+                    "call_id": self.call.call_id, "output": self.output}
         content: list[dict[str, Any]] = []
         if self.role == "assistant":
             if self.status != "in_progress":  # an open assistant item has no parts yet
@@ -62,6 +71,11 @@ class Conversation:
 
     def find(self, item_id: str) -> Item | None:
         return next((item for item in self.items if item.id == item_id), None)
+
+    def find_call(self, call_id: str) -> Item | None:
+        """The function_call item with `call_id`."""
+        return next((item for item in self.items if item.type == "function_call" and item.call.call_id == call_id),
+                    None)
 
     def remove(self, item_id: str) -> bool:
         item = self.find(item_id)
@@ -93,10 +107,16 @@ BLANK_USER_TURN = " "
 
 def prompt_messages(instructions: str | None, items: list[Item]) -> list[Message]:
     """The engine's view of `items`: system instructions, then every turn that says something,
-    ending with a user turn."""
+    ending with a user turn or a tool result. A function call joins the assistant turn before it."""
     messages = [Message("system", text=instructions)] if instructions else []
     for item in items:
-        if item.role == "assistant":
+        if item.type == "function_call":
+            if not messages or messages[-1].role != "assistant":
+                messages.append(Message("assistant"))
+            messages[-1].tool_calls.append(item.call)
+        elif item.type == "function_call_output":
+            messages.append(Message("tool", text=item.output, tool_call_id=item.call.call_id))
+        elif item.role == "assistant":
             if item.kept_text:
                 messages.append(Message("assistant", text=item.kept_text))
         elif item.role == "system":
@@ -104,7 +124,7 @@ def prompt_messages(instructions: str | None, items: list[Item]) -> list[Message
                 messages.append(Message("system", text=item.text))
         elif item.stream is not None or item.text:
             messages.append(Message("user", text=item.text, audio_stream=item.stream))
-    if not messages or messages[-1].role != "user":
+    if not messages or messages[-1].role not in ("user", "tool"):
         messages.append(Message("user", text=BLANK_USER_TURN))
     return messages
 

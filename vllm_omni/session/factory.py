@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from vllm_omni.engine.interface import EngineClient
 from vllm_omni.protocol.server_events import new_id, session_created
-from vllm_omni.protocol.session_config import SessionConfig
+from vllm_omni.protocol.session_config import SessionConfig, TurnDetection
 from vllm_omni.protocol.states import Lane, SessionMode
 from vllm_omni.session.base import Emit, RealtimeSession, SessionOptions, ga_only
 from vllm_omni.session.legacy_session import LegacySession
@@ -53,7 +53,10 @@ class SessionFactory:
         """A turn-mode session: GA lane, or legacy if the client's first events ask for it;
         session.created goes out at once. Without `extensions` the GA lane speaks pure GA
         (docs/realtime-api.md §1.3); the legacy lane always speaks its own vocabulary."""
-        config = SessionConfig(id=new_id("sess_"), model=model)
+        # As in GA, a GA session starts with server VAD (the deploy's defaults; turn_detection:
+        # null turns it off); a session that asked for our extensions starts with manual turns.
+        vad = None if extensions else TurnDetection(**self.options.turn_detection_defaults)
+        config = SessionConfig(id=new_id("sess_"), model=model, turn_detection=vad)
         ga_emit = emit if extensions else ga_only(emit)
         ga = TurnSession(self.engine, config, self.options, ga_emit)
         ga_emit(session_created(ga.session_object(), legacy_id=new_id("sess-")))

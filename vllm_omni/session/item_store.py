@@ -11,6 +11,7 @@ import numpy as np
 from vllm_omni.audio.formats import AudioDataError, AudioFormat, InputConverter, check_rate, decode_base64
 from vllm_omni.audio.silero_vad import samples_to_ms
 from vllm_omni.engine.interface import EngineClient
+from vllm_omni.engine.request import ToolCall
 from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.server_event_builders import (
@@ -60,13 +61,10 @@ class ItemStore:
     async def build(self, raw: ce.ItemPayload, where: str, *, unique: bool = False) -> Item:
         """A message item from its payload (`where`: its field path), its audio turned into
         features; `unique`: its id must not be taken."""
-        if raw.type == "function_call_output":
-            raise ProtocolError("invalid_function_call_output", "no function call of this session matches",
-                                f"{where}.call_id")
-        if raw.type != "message":
-            raise ProtocolError("bad_event", f"unsupported item type {raw.type!r}", f"{where}.type")
         if unique and raw.id is not None and self.conversation.find(raw.id) is not None:
             raise ProtocolError("bad_event", f"an item with id {raw.id!r} already exists", f"{where}.id")
+        if raw.type != "message":
+            return self._function_item(raw, where)
         item = Item(id=raw.id or new_id("item_"), role=raw.role)
         texts, audio = [], []
         for index, part in enumerate(raw.content):
@@ -90,6 +88,28 @@ class ItemStore:
             await asyncio.to_thread(item.stream.append, samples)  # features of a long clip: off the event loop
             item.audio_ms = samples_to_ms(samples.size)
         return item
+
+    def _function_item(self, raw: ce.ItemPayload, where: str) -> Item:
+        """A function_call (the client records one) or a function_call_output (the result of a
+        call the model made in this conversation)."""
+        if not raw.call_id:
+            raise ProtocolError("missing_required_parameter", "Missing required parameter: 'call_id'.",
+                                f"{where}.call_id")
+        item_id = raw.id or new_id("item_")
+        if raw.type == "function_call":
+            if not raw.name:
+                raise ProtocolError("missing_required_parameter", "Missing required parameter: 'name'.",
+                                    f"{where}.name")
+            return Item(id=item_id, role="assistant", type="function_call",
+                        call=ToolCall(raw.call_id, raw.name, raw.arguments or "{}"))
+        if self.conversation.find_call(raw.call_id) is None:
+            raise ProtocolError("invalid_function_call_output", f"no function call in this conversation has call_id "
+                                f"{raw.call_id!r}", f"{where}.call_id")
+        if raw.output is None:
+            raise ProtocolError("missing_required_parameter", "Missing required parameter: 'output'.",
+                                f"{where}.output")
+        return Item(id=item_id, role="tool", type="function_call_output", call=ToolCall(raw.call_id, "", ""),
+                    output=raw.output)
 
     async def response_input(self, entries: list[ce.InputItemReference | ce.ItemPayload]) -> list[Item]:
         """A response.create `input`: references name conversation items, inline items are
@@ -118,7 +138,7 @@ class ItemStore:
         """conversation.item.truncate of an assistant item's audio; returns the item and the
         kept audio (ms) for the response's playback ledger."""
         item = self.get(ev.item_id, "truncate")
-        if item.role != "assistant":
+        if item.role != "assistant" or item.type != "message":
             raise ProtocolError("invalid_value", "conversation.item.truncate only supports assistant message items",
                                 "item_id")
         if ev.content_index != 0:

@@ -28,12 +28,15 @@ from vllm_omni.engine.request import (
     StageMetrics,
     StageUnavailableError,
     TextDelta,
+    ToolCall,
 )
 from vllm_omni.metrics import prometheus as metrics
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.server_event_builders import (
     content_part_added,
     content_part_done,
+    function_call_arguments_delta,
+    function_call_arguments_done,
     item_done,
     output_audio_delta,
     output_audio_done,
@@ -47,7 +50,7 @@ from vllm_omni.protocol.server_event_builders import (
     response_created,
     response_done,
 )
-from vllm_omni.protocol.server_events import b64, error_event, response_object
+from vllm_omni.protocol.server_events import b64, error_event, new_id, response_object
 from vllm_omni.protocol.states import ResponseStatus
 from vllm_omni.session.base import Emit
 from vllm_omni.session.conversation import Item, announce
@@ -69,12 +72,16 @@ def stage_metrics_wire(metrics_by_stage: dict[str, StageMetrics]) -> dict[str, A
 
 class ResponseRun:
     def __init__(self, response_id: str, options: ResponseOptions, item: Item, *, session_id: str,
-                 emit: Emit, on_done: Callable[[ResponseRun], None]):
+                 emit: Emit, on_done: Callable[[ResponseRun], None],
+                 record_item: Callable[[Item], str | None] | None = None):
+        """`record_item` adds an item the response makes (a function call) to the conversation and
+        returns the previous item's id; None for an out-of-band answer."""
         self.id = response_id
         self.options = options
         self.item = item
         self.session_id = session_id
-        self._emit, self._on_done = emit, on_done
+        self._emit, self._on_done, self._record_item = emit, on_done, record_item
+        self.calls: list[Item] = []  # function_call items, output 1, 2, … (the message is output 0)
         self.done = False
         self.status = ResponseStatus.IN_PROGRESS
         self.request_id: str | None = None
@@ -128,6 +135,8 @@ class ResponseRun:
                     self._on_text(output.text)
                 elif isinstance(output, AudioChunk):
                     self._on_audio(output)
+                elif isinstance(output, ToolCall):
+                    self._on_tool_call(output)
                 elif isinstance(output, RequestFinished):
                     self._on_finished(output)
                     return
@@ -167,6 +176,24 @@ class ResponseRun:
         self._emit(output_audio_delta(**self._addr(0), delta=b64(data), format=self.options.output_format.name,
                                       sample_rate_hz=rate, audio_duration_ms=duration_ms, playback=self.playback,
                                       session_id=self.session_id))
+
+    def _on_tool_call(self, call: ToolCall) -> None:
+        """A function call the model made: its own output item, its arguments in one delta."""
+        item = Item(id=new_id("item_"), role="assistant", type="function_call", status="in_progress",
+                    call=ToolCall(call.call_id, call.name, ""))
+        index = len(self.calls) + 1
+        self.calls.append(item)
+        previous = self._record_item(item) if self._record_item is not None else None
+        if self._record_item is not None:
+            announce(self._emit, previous, item)
+        self._emit(output_item_added(response_id=self.id, item=item.to_wire(), output_index=index))
+        addr = {"response_id": self.id, "item_id": item.id, "output_index": index, "call_id": call.call_id}
+        self._emit(function_call_arguments_delta(**addr, delta=call.arguments))
+        self._emit(function_call_arguments_done(**addr, name=call.name, arguments=call.arguments))
+        item.call, item.status = call, "completed"
+        self._emit(output_item_done(response_id=self.id, item=item.to_wire(), output_index=index))
+        if self._record_item is not None:
+            self._emit(item_done(previous_item_id=previous, item=item.to_wire()))
 
     def _on_finished(self, final: RequestFinished) -> None:
         self._stage_metrics = stage_metrics_wire(final.stage_metrics)
@@ -226,7 +253,8 @@ class ResponseRun:
                      "input_token_details": {"text_tokens": prompt, "audio_tokens": 0, "image_tokens": 0,
                                              "cached_tokens": 0},
                      "output_token_details": {"text_tokens": text_tokens, "audio_tokens": audio_tokens}}
-        self._emit(response_done(response=self._response(status, status_details=details, output=[item], usage=usage,
+        output = [item, *(call.to_wire() for call in self.calls)]
+        self._emit(response_done(response=self._response(status, status_details=details, output=output, usage=usage,
                                                          metadata=self.options.metadata),
                                  stage_metrics=self._stage_metrics, playback=self.playback,
                                  committed=status is ResponseStatus.COMPLETED))

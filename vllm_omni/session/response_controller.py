@@ -84,7 +84,8 @@ class ResponseController:
         # An out-of-band answer (conversation "none") does not enter the history, and leaves the
         # turn unanswered in the conversation.
         previous = self.conversation.add(item) if options.in_conversation else None
-        run = ResponseRun(response_id, options, item, session_id=config.id, emit=self._emit, on_done=self._done)
+        run = ResponseRun(response_id, options, item, session_id=config.id, emit=self._emit, on_done=self._done,
+                          record_item=self.conversation.add if options.in_conversation else None)
         self.active = self.last_response = run
         self.responses[response_id] = run
         if options.in_conversation and context is None:
@@ -92,7 +93,7 @@ class ResponseController:
         request = OmniRequest(messages, request_id=f"{config.id}-{response_id}", speaker=options.speaker,
                               modalities=tuple(options.modalities),
                               max_output_tokens=options.max_output_tokens if options.client_limited else None,
-                              temperature=options.temperature)
+                              temperature=options.temperature, tools=options.tools, tool_choice=options.tool_choice)
         run.start(self.engine, request, previous)
 
     def _done(self, run: ResponseRun) -> None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_omni.audio.formats import AudioFormat
+from vllm_omni.engine.request import ToolChoice
 from vllm_omni.protocol.client_events import token_limit
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.session_config import SessionConfig, parse_format
+from vllm_omni.session.tools import engine_tool_choice, engine_tools
 
 TOKEN_LIMIT_KEYS = ("max_output_tokens", "max_response_output_tokens", "max_tokens")
 
@@ -25,6 +27,8 @@ class ResponseOptions:
     metadata: dict[str, str] | None = None  # the client's (GA: strings only), echoed as given
     client_limited: bool = False  # max_output_tokens came from the client
     in_conversation: bool = True  # False for `conversation: "none"` (out-of-band answers)
+    tools: list[dict[str, Any]] = field(default_factory=list)  # as the engine takes them
+    tool_choice: ToolChoice = "auto"
 
 
 def response_options(config: SessionConfig, overrides: dict[str, Any], speakers: list[str],
@@ -43,9 +47,6 @@ def response_options(config: SessionConfig, overrides: dict[str, Any], speakers:
     if voice is not None and not isinstance(voice, str):
         raise ProtocolError("bad_event", "voice must be a name (voice objects are not supported)",
                             "response.audio.output.voice")
-    if overrides.get("tools"):
-        raise ProtocolError("invalid_duplex_runtime_config", "tool calling is not supported by this model",
-                            "response.tools")
     tokens = token_limit(next((overrides[k] for k in TOKEN_LIMIT_KEYS if k in overrides), config.max_output_tokens))
     limited = isinstance(tokens, int)
     speaker = voice.lower() if voice is not None and voice.lower() in speakers else default_speaker
@@ -57,4 +58,6 @@ def response_options(config: SessionConfig, overrides: dict[str, Any], speakers:
         voice=voice, speaker=speaker, instructions=overrides.get("instructions", config.instructions),
         max_output_tokens=tokens if limited else "inf", temperature=overrides.get("temperature", config.temperature),
         metadata=None if metadata is None else dict(metadata), client_limited=limited,
-        in_conversation=overrides.get("conversation") != "none")
+        in_conversation=overrides.get("conversation") != "none",
+        tools=engine_tools(overrides.get("tools", config.tools), "response.tools"),
+        tool_choice=engine_tool_choice(overrides.get("tool_choice", config.tool_choice), "response.tool_choice"))

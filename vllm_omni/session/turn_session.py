@@ -32,6 +32,7 @@ from vllm_omni.session.conversation import announce
 from vllm_omni.session.input_track import InputTrack, SealedTurn
 from vllm_omni.session.item_store import ItemStore
 from vllm_omni.session.response_controller import ResponseController
+from vllm_omni.session.tools import engine_tool_choice, engine_tools
 
 Handler = Callable[[Any], Awaitable[None] | None]
 
@@ -124,8 +125,11 @@ class TurnSession(ConfiguredSession):
     def _update_session(self, ev: ce.SessionUpdate) -> None:
         update = ev.session if ev.session is not None else ({"model": ev.model} if ev.model else {})
         before = self.config.turn_detection
-        self.config = apply_session_update(self.config, update, self.options.served_models,
-                                           vad_defaults=self.options.turn_detection_defaults)
+        config = apply_session_update(self.config, update, self.options.served_models,
+                                      vad_defaults=self.options.turn_detection_defaults)
+        engine_tools(config.tools, "session.tools")  # refuse malformed tools now, not at the next answer
+        engine_tool_choice(config.tool_choice, "session.tool_choice")
+        self.config = config
         if self.config.turn_detection != before:
             self.input.configure(self.config.turn_detection)
         self._emit(session_updated(session=self.session_object()))
@@ -155,7 +159,7 @@ class TurnSession(ConfiguredSession):
 
     async def _create_item(self, ev: ce.ConversationItemCreate) -> None:
         item = await self.items.create(ev)
-        if item.role == "user":
+        if item.role in ("user", "tool"):
             self.responses.unanswered = True
 
     def _truncate_item(self, ev: ce.ConversationItemTruncate) -> None:
