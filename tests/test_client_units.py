@@ -84,6 +84,9 @@ def test_session_updates_in_both_shapes() -> None:
     assert flat["session"]["ref_audio"].startswith("data:")
     plain = ga_session_update()["session"]["audio"]
     assert plain["input"]["turn_detection"] is None and "voice" not in plain["output"]  # null sent, unset left out
+    assert "transcription" not in plain["input"]
+    asr = ga_session_update(transcription={"model": "m"})["session"]["audio"]["input"]  # bench --compare-transcription
+    assert asr["transcription"] == {"model": "m"}
 
 
 def test_client_events_are_the_protocols_own() -> None:

@@ -103,16 +103,24 @@ async def conversation_turns(client: Client) -> None:
 
 
 async def server_vad_turns(client: Client) -> None:
-    """A server-VAD turn whose answer the next speech interrupts, then that speech's answer."""
+    """A server-VAD turn whose answer the next speech interrupts, then that speech's answer; the
+    model transcribes each turn (audio.input.transcription)."""
     await client.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
-        "turn_detection": {"type": "server_vad", "interrupt_response": True}}}}})
+        "turn_detection": {"type": "server_vad", "interrupt_response": True},
+        "transcription": {"model": MODEL_NAME}}}}})
     await client.until("session.updated")
+    start = len(client.events)
     await client.send_all(speech("speech_en_single.wav", trailing_silence_s=1.0))
     first = (await client.until("response.created"))[-1]["response"]["id"]
     await client.send_all(speech("speech_with_pause.wav", trailing_silence_s=1.0))
     interrupted = await done(client)
     assert (interrupted["id"], interrupted["status_details"]["reason"]) == (first, "turn_detected")
     assert (await done(client))["status"] == "completed"
+    transcribed = "conversation.item.input_audio_transcription.completed"
+    while sum(e["type"] == transcribed for e in client.events[start:]) < 2:
+        await client.until(transcribed)
+    committed = [e["item_id"] for e in client.events[start:] if e["type"] == "input_audio_buffer.committed"]
+    assert [e["item_id"] for e in client.events[start:] if e["type"] == transcribed] == committed  # one each
 
 
 def test_a_ga_client_receives_nothing_but_ga_events(server) -> None:
@@ -136,4 +144,5 @@ def test_a_ga_client_receives_nothing_but_ga_events(server) -> None:
     assert problems == [], json.dumps(problems[:20], indent=1)
     kinds = {event["type"] for event in received}
     assert {"session.created", "input_audio_buffer.speech_started", "conversation.item.truncated",
-            "response.output_audio.delta", "response.output_text.delta", "error"} <= kinds
+            "response.output_audio.delta", "response.output_text.delta", "error",
+            "conversation.item.input_audio_transcription.delta"} <= kinds

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +17,11 @@ from vllm_omni.client.turns import SessionResult, run_session
 
 
 async def run_level(url: str, pcm: bytes, sessions: int, turns: int, *, model: str | None = None,
-                    server_vad: bool = False) -> dict[str, Any]:
+                    server_vad: bool = False, transcribe: bool = False) -> dict[str, Any]:
     """`sessions` concurrent sessions of `turns` turns each, audio paced in real time."""
     started = time.monotonic()
-    outcomes = await asyncio.gather(*(run_session(url, pcm, turns=turns, model=model, server_vad=server_vad)
+    outcomes = await asyncio.gather(*(run_session(url, pcm, turns=turns, model=model, server_vad=server_vad,
+                                                  transcribe=transcribe)
                                       for _ in range(sessions)), return_exceptions=True)
     wall_s = time.monotonic() - started
     finished = [o for o in outcomes if isinstance(o, SessionResult)]
@@ -43,9 +44,12 @@ async def run_level(url: str, pcm: bytes, sessions: int, turns: int, *, model: s
 
 
 def run_benchmark(targets: dict[str, str], levels: Sequence[int], pcm: bytes, turns: int, *,
-                  model: str | None = None, server_vad: bool = False) -> dict[str, list[dict[str, Any]]]:
-    """For each target (name → URL), each concurrency level in turn."""
-    return {name: [asyncio.run(run_level(url, pcm, sessions, turns, model=model, server_vad=server_vad))
+                  model: str | None = None, server_vad: bool = False,
+                  transcribed: Collection[str] = ()) -> dict[str, list[dict[str, Any]]]:
+    """For each target (name → URL), each concurrency level in turn; the `transcribed` targets'
+    sessions ask for input transcription."""
+    return {name: [asyncio.run(run_level(url, pcm, sessions, turns, model=model, server_vad=server_vad,
+                                         transcribe=name in transcribed))
                    for sessions in levels] for name, url in targets.items()}
 
 

@@ -21,6 +21,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     realtime.add_argument("--out-dir", required=True, help="where results.json and the plot go")
     realtime.add_argument("--model", help="model name to ask for (default: the server's)")
     realtime.add_argument("--server-vad", action="store_true", help="server-side turn detection instead of commits")
+    realtime.add_argument("--compare-transcription", action="store_true",
+                          help="also measure --url with input transcription on (target vllm-omni+transcribe)")
     baseline = realtime.add_mutually_exclusive_group(required=True)
     baseline.add_argument("--baseline-model", help="checkpoint for a transformers baseline started in this process")
     baseline.add_argument("--baseline-url", help="a baseline server already running")
@@ -28,6 +30,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     realtime.add_argument("--baseline-thinker-tokens", type=int, default=64)
     realtime.add_argument("--baseline-talker-tokens", type=int, default=256)
     realtime.set_defaults(run=run_realtime_bench)
+
+
+TRANSCRIBED_TARGET = "vllm-omni+transcribe"
 
 
 def _levels(text: str) -> list[int]:
@@ -49,6 +54,9 @@ def run_realtime_bench(args: argparse.Namespace) -> int:
         levels = _levels(args.sessions)
         pcm = read_pcm16(args.wav)
         targets = {"vllm-omni": realtime_url(args.url, model=args.model)}
+        transcribed = {TRANSCRIBED_TARGET} if args.compare_transcription else set()
+        if transcribed:
+            targets[TRANSCRIBED_TARGET] = targets["vllm-omni"]
         if args.baseline_url:
             targets["baseline"] = realtime_url(args.baseline_url)
         if args.baseline_model and not Path(args.baseline_model).is_dir():
@@ -64,9 +72,10 @@ def run_realtime_bench(args: argparse.Namespace) -> int:
 
             settings = BaselineSettings(args.baseline_thinker_tokens, args.baseline_talker_tokens)
             targets["baseline"] = stack.enter_context(running_baseline(args.baseline_model, settings))
-        results = run_benchmark(targets, levels, pcm, args.turns, model=args.model, server_vad=args.server_vad)
+        results = run_benchmark(targets, levels, pcm, args.turns, model=args.model, server_vad=args.server_vad,
+                                transcribed=transcribed)
     settings = {"targets": targets, "levels": levels, "turns": args.turns, "wav": args.wav,
-                "server_vad": args.server_vad, "paced": "real time",
+                "server_vad": args.server_vad, "transcribed_targets": sorted(transcribed), "paced": "real time",
                 "baseline": {"model": args.baseline_model, "thinker_max_new_tokens": args.baseline_thinker_tokens,
                              "talker_max_new_tokens": args.baseline_talker_tokens}}
     written = write_results(results, settings, Path(args.out_dir))

@@ -20,11 +20,13 @@ def _turn_detection(server_vad: bool, vad: dict[str, Any] | None) -> dict[str, A
 
 def ga_session_update(*, model: str | None = None, server_vad: bool = False, instructions: str | None = None,
                       voice: str | None = None, output_modalities: tuple[str, ...] = ("audio",),
-                      input_rate: int = 16000, vad: dict[str, Any] | None = None) -> dict[str, Any]:
+                      input_rate: int = 16000, vad: dict[str, Any] | None = None,
+                      transcription: dict[str, Any] | None = None) -> dict[str, Any]:
     """GA shape: `session.type = realtime`, audio settings under `session.audio`."""
     audio = ce.AudioSettings(
         input=ce.AudioInputSettings(format={"type": "audio/pcm", "rate": input_rate},
-                                    turn_detection=_turn_detection(server_vad, vad)),
+                                    turn_detection=_turn_detection(server_vad, vad),
+                                    **_given(transcription=transcription)),
         output=ce.AudioOutputSettings(format={"type": "audio/pcm", "rate": 24000}, **_given(voice=voice)))
     return session_update(ce.SessionSettings(type="realtime", output_modalities=list(output_modalities), audio=audio,
                                              **_given(model=model, instructions=instructions)))

@@ -43,7 +43,7 @@ class SessionResult:
 
 async def run_session(url: str, pcm: bytes, *, turns: int = 1, model: str | None = None, server_vad: bool = False,
                       realtime: bool = True, chunk_ms: int = 200, answer_timeout_s: float = 300.0,
-                      headers: dict[str, str] | None = None) -> SessionResult:
+                      headers: dict[str, str] | None = None, transcribe: bool = False) -> SessionResult:
     """Speak `pcm` (16 kHz PCM16) `turns` times. Manual turns commit and ask for a response;
     with server VAD the server decides (1.5 s of silence follows the speech). TTFT/TTFP
     count from the commit's send time, or (server VAD) from `response.created`."""
@@ -51,7 +51,8 @@ async def run_session(url: str, pcm: bytes, *, turns: int = 1, model: str | None
     result = SessionResult()
     try:
         await conn.next()  # session.created
-        await conn.send(ga_session_update(model=model, server_vad=server_vad))
+        await conn.send(ga_session_update(model=model, server_vad=server_vad,
+                                          transcription={"model": model or "default"} if transcribe else None))
         await conn.until(SESSION_UPDATED)
         audio = pcm + (b"\0\0" * int(16000 * TRAILING_SILENCE_S) if server_vad else b"")
         for _ in range(turns):

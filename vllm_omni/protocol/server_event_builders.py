@@ -122,6 +122,15 @@ def input_transcription_completed(*, item_id: str, transcript: str, audio_second
                  transcript=transcript, usage={"type": "duration", "seconds": audio_seconds})
 
 
+def input_transcription_delta(*, item_id: str, delta: str, content_index: int = 0) -> Wire:
+    return event(kinds.INPUT_TRANSCRIPTION_DELTA, item_id=item_id, content_index=content_index, delta=delta)
+
+
+def input_transcription_failed(*, item_id: str, code: str, message: str, content_index: int = 0) -> Wire:
+    return event(kinds.INPUT_TRANSCRIPTION_FAILED, item_id=item_id, content_index=content_index,
+                 error={"type": "transcription_error", "code": code, "message": message, "param": None})
+
+
 # Responses ---------------------------------------------------------------------------------
 
 def response_created(*, response: dict[str, Any]) -> Wire:

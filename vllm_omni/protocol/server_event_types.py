@@ -26,7 +26,9 @@ ITEM_DONE = "conversation.item.done"
 ITEM_DELETED = "conversation.item.deleted"
 ITEM_RETRIEVED = "conversation.item.retrieved"
 ITEM_TRUNCATED = "conversation.item.truncated"
+INPUT_TRANSCRIPTION_DELTA = "conversation.item.input_audio_transcription.delta"
 INPUT_TRANSCRIPTION_COMPLETED = "conversation.item.input_audio_transcription.completed"
+INPUT_TRANSCRIPTION_FAILED = "conversation.item.input_audio_transcription.failed"
 
 # Responses
 RESPONSE_CREATED = "response.created"

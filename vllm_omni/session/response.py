@@ -88,6 +88,7 @@ class ResponseRun:
         self.previous_item_id: str | None = None
         self.task: asyncio.Task | None = None
         self.transcript = ""
+        self.audio_started = asyncio.Event()  # set at the first audio chunk, or when the response ends
         self._audio_samples = 0
         self._sample_rate = 0
         self._audio_sent = False
@@ -167,6 +168,7 @@ class ResponseRun:
         if not self._audio_sent:
             metrics.TTFP.observe(time.monotonic() - self._started_at)
         self._audio_sent = True
+        self.audio_started.set()
         self._sample_rate = chunk.sample_rate
         self._audio_samples += len(chunk.pcm16) // 2
         duration_ms = self._audio_samples * 1000 // chunk.sample_rate
@@ -227,6 +229,7 @@ class ResponseRun:
 
     def _finish(self, status: ResponseStatus, details: Any, final: RequestFinished | None) -> None:
         self.done = True
+        self.audio_started.set()
         self.status = status
         self.item.status = "incomplete" if status in (ResponseStatus.CANCELLED, ResponseStatus.FAILED) \
             else "completed"

@@ -33,6 +33,7 @@ from vllm_omni.session.input_track import InputTrack, SealedTurn
 from vllm_omni.session.item_store import ItemStore
 from vllm_omni.session.response_controller import ResponseController
 from vllm_omni.session.tools import engine_tool_choice, engine_tools
+from vllm_omni.session.transcriber import Transcriber
 
 Handler = Callable[[Any], Awaitable[None] | None]
 
@@ -69,6 +70,8 @@ class TurnSession(ConfiguredSession):
             default_speaker=options.default_speaker, resolve_input=self.items.response_input,
             on_started=self.input.disarm_idle_timer,
             on_completed=lambda run: self.input.arm_idle_timer(run.item.audio_duration_ms))
+        self.transcriber = Transcriber(engine, emit, config.id, answer_audio=lambda: (
+            self.responses.active.audio_started if self.responses.active is not None else None))
         # Every client event this lane takes (by canonical type; client_events.ALIASES spell some
         # of them differently) and what applies it. session.close is the connection's.
         self._handlers: dict[str, Handler] = {
@@ -188,7 +191,9 @@ class TurnSession(ConfiguredSession):
                               history_len=len(self.items.conversation.items),
                               deferred=self.responses.active is not None)
         self._emit(audio_buffer_committed(previous_item_id=previous, item_id=item.id, record=record))
-        if item.transcript:
+        if self.config.transcription:  # the model transcribes the turn, beside its answer
+            self.transcriber.start(item, sealed.samples / 16000, dict(self.config.transcription))
+        elif item.transcript:  # the client's own transcript hints (appends' `transcript`)
             self._emit(input_transcription_completed(item_id=item.id, transcript=item.transcript,
                                                      audio_seconds=sealed.samples / 16000))
         self._emit(item_done(previous_item_id=previous, item=item.to_wire()))
@@ -200,6 +205,7 @@ class TurnSession(ConfiguredSession):
     async def close(self) -> None:
         """Stop everything this session started (no cancelled response.done is sent)."""
         self.input.disarm_idle_timer()
+        await self.transcriber.close()
         await self.responses.close()
         self.items.clear()  # what the session holds goes with it
         self.input.clear()
