@@ -103,6 +103,8 @@ class Qwen3OmniFamily:
         connector = next((c for c in deploy.connectors if c.to_stage == code2wav_id and c.extra is not None), None)
         self.chunking = connector.extra if connector is not None else CodecChunking()
         self.code2wav_mode = code2wav_mode
+        # looked up once: the router compares every thinker token with it
+        self.tool_call_open_id: int = checkpoint.tokenizer.convert_tokens_to_ids(CALL_OPEN)
 
     @classmethod
     def load(cls, model: str | Path, deploy: DeployConfig, code2wav_mode: str = "exact") -> Qwen3OmniFamily:
@@ -134,10 +136,6 @@ class Qwen3OmniFamily:
         """Switch the connector policy for requests started from now on (the stages are
         the same either way)."""
         self.deploy = self.deploy.model_copy(update={"async_chunk": on})
-
-    @property
-    def tool_call_open_id(self) -> int:
-        return self.checkpoint.tokenizer.convert_tokens_to_ids(CALL_OPEN)
 
     @property
     def tokenizer(self):
