@@ -1,27 +1,39 @@
-"""session.update parsing: the three shapes, precedence, defaults, validation order."""
+"""session.update parsing: the three shapes, precedence, defaults, validation order, and the
+partial-update policy (each setting group applied or rejected on its own)."""
 
 from __future__ import annotations
 
 import pytest
 
 from vllm_omni.protocol.errors import ProtocolError
-from vllm_omni.protocol.session_config import SessionConfig, apply_session_update, session_object
+from vllm_omni.protocol.session_config import SessionConfig, session_object
+from vllm_omni.protocol.session_update import SessionUpdateResult, apply_session_update
+from vllm_omni.session.turn_session import TOOL_CHECKS
 
 SERVED = ["tiny"]
+WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
 
 
 def fresh() -> SessionConfig:
     return SessionConfig(id="sess_1", model="tiny")
 
 
+def applied(session: dict, current: SessionConfig | None = None) -> SessionUpdateResult:
+    return apply_session_update(current or fresh(), session, SERVED, checks=TOOL_CHECKS)
+
+
 def update(session: dict, current: SessionConfig | None = None) -> SessionConfig:
-    return apply_session_update(current or fresh(), session, SERVED)
+    result = applied(session, current)
+    assert result.rejected == [], [p.message for p in result.rejected]
+    return result.config
 
 
 def error(session: dict, current: SessionConfig | None = None) -> ProtocolError:
-    with pytest.raises(ProtocolError) as caught:
-        update(session, current)
-    return caught.value
+    """The first problem of an update none of which applies."""
+    result = applied(session, current)
+    assert result.rejected and not result.accepted and not result.updated
+    assert result.config == (current or fresh())
+    return result.rejected[0]
 
 
 def test_server_vad_defaults_are_filled_and_echoed_in_both_places() -> None:
@@ -111,13 +123,18 @@ def test_rejections(session: dict, code: str, param: str) -> None:
     assert (problem.code, problem.param) == (code, param)
 
 
-def test_format_errors_are_reported_before_turn_detection_errors() -> None:
-    problem = error({"input_audio_format": "mp3", "turn_detection": {"type": "semantic_vad"}})
-    assert problem.code == "unsupported_audio_format"
+def test_each_rejected_group_is_reported_once_in_validation_order() -> None:
+    result = applied({"turn_detection": {"type": "push_to_talk"}, "input_audio_format": "mp3", "temperature": "hot",
+                      "tools": [{"type": "web_search"}], "output_audio_format": "mp3"})
+    assert [(p.code, p.param) for p in result.rejected] == [
+        ("bad_event", "temperature"), ("unsupported_audio_format", "audio.input.format"),
+        ("unsupported_audio_format", "audio.output.format"), ("unsupported_turn_detection", "turn_detection"),
+        ("invalid_value", "session.tools[0].type")]
+    assert result.config == fresh() and not result.updated
 
 
-@pytest.mark.parametrize(("eagerness", "silence_ms"), [("low", 1500), ("medium", 800), ("auto", 800), ("high", 300)])
-def test_semantic_vad_waits_by_eagerness_and_echoes_as_ga(eagerness: str, silence_ms: int) -> None:
+@pytest.mark.parametrize(("eagerness", "silence_ms"), [("low", 8000), ("medium", 4000), ("auto", 4000), ("high", 2000)])
+def test_semantic_vad_waits_at_most_by_eagerness_and_echoes_as_ga(eagerness: str, silence_ms: int) -> None:
     config = update({"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": eagerness,
                                                             "interrupt_response": True}}}})
     td = config.turn_detection
@@ -127,7 +144,49 @@ def test_semantic_vad_waits_by_eagerness_and_echoes_as_ga(eagerness: str, silenc
     assert (echoed["type"], echoed["eagerness"]) == ("semantic_vad", eagerness)
 
 
-def test_a_rejected_update_changes_nothing() -> None:
-    current = update({"instructions": "keep"})
-    error({"instructions": "changed", "turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}, current)
-    assert current.instructions == "keep"
+@pytest.mark.parametrize(("bad", "code", "param"), [
+    ({"turn_detection": {"type": "push_to_talk"}}, "unsupported_turn_detection", "turn_detection"),
+    ({"input_audio_format": {"type": "audio/mp3"}}, "unsupported_audio_format", "audio.input.format"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "nope"}}]}, "invalid_value",
+     "session.tools"),
+    ({"tool_choice": {"type": "function"}}, "invalid_value", "session.tool_choice"),
+    ({"temperature": "hot"}, "bad_event", "temperature"),
+    ({"extra_body": {"auto_response": True}}, "invalid_duplex_runtime_config", "extra_body"),
+])
+def test_a_mixed_update_applies_the_valid_groups_and_reports_the_bad_one(bad: dict, code: str, param: str) -> None:
+    current = update({"turn_detection": {"type": "server_vad"}, "tools": [WEATHER]})
+    result = applied({"instructions": "Be brief.", "audio": {"output": {"voice": "ethan"}}, **bad}, current)
+    assert [(p.code, p.param) for p in result.rejected] == [(code, param)] and result.updated
+    assert result.accepted == ["instructions", "voice"]
+    assert (result.config.instructions, result.config.voice) == ("Be brief.", "ethan")
+    assert result.config.model_copy(update={"instructions": None, "voice": None}) == current
+
+
+def test_dependent_settings_are_rejected_together() -> None:
+    result = applied({"input_audio_format": "mp3", "sample_rate_hz": 48000, "output_audio_format": "g711_ulaw"})
+    assert [p.param for p in result.rejected] == ["audio.input.format"]
+    assert result.config.input_format == fresh().input_format and result.config.output_format.name == "g711_ulaw"
+    result = applied({"turn_detection": {"type": "server_vad"}, "overlap_policy": "barge_in_on_speech",
+                      "extra_body": {"auto_response": True, "note": 1}})
+    assert [p.code for p in result.rejected] == ["invalid_duplex_runtime_config"]
+    assert result.config.turn_detection is None and result.config.extra_body == {"note": 1}
+
+
+def test_a_type_error_of_an_object_rejects_every_group_inside_it_once() -> None:
+    result = applied({"audio": {"input": []}, "turn_detection": {"type": "server_vad"}, "instructions": "x"})
+    assert [p.param for p in result.rejected] == ["audio.input"] and result.accepted == ["instructions"]
+    assert result.config.turn_detection is None
+
+
+def test_a_fully_invalid_update_changes_nothing() -> None:
+    current = update({"instructions": "keep", "voice": "ethan"})
+    problem = error({"voice": {"id": "custom"}, "input_audio_format": "mp3", "idle_timeout_s": -1,
+                     "overlap_short_ack_ms": -1}, current)
+    assert (problem.code, problem.param) == ("bad_event", "idle_timeout_s")
+
+
+def test_only_a_transcription_session_is_refused_whole() -> None:
+    problem = error({"type": "transcription", "instructions": "x", "voice": "ethan"})
+    assert (problem.code, problem.param) == ("bad_event", "session.type")
+    assert [p.param for p in applied({"type": "transcription", "temperature": 9}).rejected] == \
+        ["temperature", "session.type"]

@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from tests.ga_conformance import ga_problems
 from tests.scripted_engine import Audio, Stall, Text, Wait, pcm16_b64, speech_appends, turn_session
 from vllm_omni.protocol.session_config import TurnDetection
 from vllm_omni.session.base import SessionOptions
@@ -32,18 +33,40 @@ def append(seconds: float, amplitude: float = 0.1, **fields) -> dict:
 
 # session.update ---------------------------------------------------------------------------------
 
-async def test_session_update_echoes_and_a_bad_update_changes_nothing() -> None:
+async def test_session_update_echoes_and_a_wholly_bad_update_changes_nothing() -> None:
     session, _, events = turn_session()
     await session.handle({"type": "session.update", "session": {"instructions": "Be brief.", "voice": "Bruno"}})
     echoed = events.last("session.updated")["session"]
     assert echoed["instructions"] == "Be brief." and echoed["voice"] == "Bruno"
     assert echoed["id"] == "sess_test" and echoed["turn_state"] == "idle"
     await session.handle({"type": "session.update", "event_id": "u2", "session": {"temperature": 9}})
+    assert events.kinds()[-1] == "error"  # nothing applied: no session.updated
     error = events.last("error")["error"]
     assert (error["code"], error["param"], error["event_id"]) == ("bad_event", "temperature", "u2")
     assert session.config.instructions == "Be brief." and session.config.temperature is None
     await session.handle({"type": "session.update", "model": "tiny"})  # flat spelling of the model
     assert events.kinds()[-1] == "session.updated"
+
+
+async def test_a_partly_bad_update_reports_each_bad_group_then_applies_the_rest() -> None:
+    """An agent framework's whole session.update with two unsupported values (§2.2)."""
+    session, _, events = turn_session(extensions=False)
+    await session.handle({"type": "session.update", "event_id": "u1", "session": {
+        "type": "realtime", "instructions": "Be brief.", "output_modalities": ["audio"],
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "required": "city"}}],
+        "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000},
+                            "turn_detection": {"type": "push_to_talk"}},
+                  "output": {"voice": "ethan", "speed": 1.5}}}})
+    assert events.kinds() == ["error", "error", "session.updated"]
+    errors = [e["error"] for e in events.of("error")]
+    assert [(e["code"], e["param"], e["event_id"]) for e in errors] == [
+        ("unsupported_turn_detection", "turn_detection", "u1"), ("invalid_value", "session.tools", "u1")]
+    echoed = events.last("session.updated")["session"]
+    assert (echoed["instructions"], echoed["audio"]["output"]["voice"], echoed["audio"]["output"]["speed"]) == \
+        ("Be brief.", "ethan", 1.5)
+    assert echoed["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000} and echoed["tools"] == []
+    assert session.config.turn_detection is None
+    assert [p for e in events for p in ga_problems(e)] == []
 
 
 async def test_server_vad_fields_left_out_come_from_the_deploy_defaults() -> None:

@@ -69,10 +69,13 @@ async def test_an_output_for_an_unknown_call_is_refused() -> None:
     assert "call_nope" in events.last("error")["error"]["message"]
 
 
-async def test_malformed_session_tools_are_refused_and_change_nothing() -> None:
-    session, engine, events = turn_session(extensions=False)
-    await session.handle({"type": "session.update", "session": {"type": "realtime", "tools": [
-        {"type": "function", "name": "f", "parameters": {"type": "object", "required": "city"}}]}})
+async def test_malformed_session_tools_are_refused_and_the_rest_of_the_update_applies() -> None:
+    session, engine, events = turn_session(extensions=False, tools=[WEATHER])
+    await session.handle({"type": "session.update", "event_id": "u1", "session": {
+        "type": "realtime", "instructions": "Be brief.", "tool_choice": "required",
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "required": "city"}}]}})
+    assert events.kinds() == ["error", "session.updated"]
     error = events.last("error")["error"]
-    assert error["code"] == "invalid_value" and error["param"] == "session.tools"
-    assert "not a valid JSON schema" in error["message"] and session.config.tools == []
+    assert (error["code"], error["param"], error["event_id"]) == ("invalid_value", "session.tools", "u1")
+    assert "not a valid JSON schema" in error["message"] and session.config.tools == [WEATHER]
+    assert (session.config.instructions, session.config.tool_choice) == ("Be brief.", "required")

@@ -10,14 +10,14 @@ recurrent state and 64-sample context in and out, so sessions never share state.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.resources
 import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from vllm_omni.audio.model_files import ModelFileUnavailableError, checked, configured, packaged
 
 logger = logging.getLogger(__name__)
 
@@ -31,42 +31,29 @@ CONTEXT = 64
 RATE = 16000
 
 
-class ServerVADUnavailableError(RuntimeError):
+class ServerVADUnavailableError(ModelFileUnavailableError):
     pass
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _checked(path: Path) -> Path:
-    if _sha256(path) != SILERO_SHA256:
-        raise ServerVADUnavailableError(f"Silero VAD checksum mismatch: {path}")
-    return path
-
-
 def resolve_silero_model(configured_path: str | None = None) -> Path:
-    if configured_path:
-        path = Path(configured_path)
-        if not path.is_file():
-            raise ServerVADUnavailableError(f"Configured Silero VAD model does not exist: {path}")
-        return _checked(path)
+    what = "Silero VAD"
     try:
-        from huggingface_hub import try_to_load_from_cache
+        if configured_path:
+            return configured(configured_path, SILERO_SHA256, what)
+        try:
+            from huggingface_hub import try_to_load_from_cache
 
-        cached = try_to_load_from_cache(SILERO_REPO_ID, SILERO_FILENAME, revision=SILERO_REVISION)
+            cached = try_to_load_from_cache(SILERO_REPO_ID, SILERO_FILENAME, revision=SILERO_REVISION)
+        except Exception:  # an unusable cache is not an error: fall through to the package
+            logger.debug("no Silero VAD in the Hugging Face cache", exc_info=True)
+            cached = None
         if isinstance(cached, str) and Path(cached).is_file():
-            return _checked(Path(cached))
-    except ServerVADUnavailableError:
-        raise
-    except Exception:  # an unusable cache is not an error: fall through to the package
-        logger.debug("no Silero VAD in the Hugging Face cache", exc_info=True)
-    try:
-        packaged = Path(str(importlib.resources.files("silero_vad") / "data" / SILERO_FILENAME))
-    except ModuleNotFoundError:
-        packaged = None
-    if packaged is not None and packaged.is_file():
-        return _checked(packaged)
+            return checked(Path(cached), SILERO_SHA256, what)
+        shipped = packaged("silero-vad", f"silero_vad/data/{SILERO_FILENAME}")
+        if shipped is not None:
+            return checked(shipped, SILERO_SHA256, what)
+    except ModelFileUnavailableError as exc:
+        raise ServerVADUnavailableError(str(exc)) from None
     raise ServerVADUnavailableError(
         "server_vad needs a local Silero ONNX artifact (session_defaults.server_vad_model_path, the Hugging "
         "Face cache, or the silero-vad package)")
@@ -110,6 +97,10 @@ class VadConfig:
     prefix_padding_ms: float = 300
     silence_duration_ms: float = 500
     min_speech_duration_ms: float = 96
+    # semantic_vad: a pause in speech is reported (VadResult.pause_sample) for the end-of-turn
+    # model to judge when it reaches this length, and again at twice, four times… as long;
+    # `silence_duration_ms` still ends the turn without a verdict
+    pause_check_ms: float | None = None
 
 
 @dataclass
@@ -122,6 +113,7 @@ class VadResult:
     start_sample: int = 0
     stopped: bool = False
     end_sample: int = 0
+    pause_sample: int | None = None  # the last pause check reached in this append
     max_probability: float = 0.0
 
     @property
@@ -140,6 +132,7 @@ class VadDetector:
         self.model, self.config = model, config
         self._min_speech = max(1, round(max(32.0, config.min_speech_duration_ms) * 16))
         self._min_silence = max(1, round(config.silence_duration_ms * 16))
+        self._pause_check = None if config.pause_check_ms is None else max(1, round(config.pause_check_ms * 16))
         self._negative = max(config.threshold - 0.15, 0.01)
         self.processed = start_sample
         self._pending = np.zeros(0, np.float32)
@@ -153,9 +146,18 @@ class VadDetector:
         self._context = np.zeros(CONTEXT, np.float32)
         self._candidate = 0
         self._candidate_start = 0
-        self._silence = 0
+        self._end_pause()
         self.in_speech = False
         self.reset_sample = self.processed
+
+    def _end_pause(self) -> None:
+        self._silence = 0
+        self._silence_start: int | None = None  # where the current pause in speech began
+        self._next_check = self._pause_check
+
+    def pause_is_current(self, pause_sample: int) -> bool:
+        """Whether the pause reported at `pause_sample` still goes on (no speech since)."""
+        return self.in_speech and self._silence_start is not None and self._silence_start < pause_sample
 
     def feed(self, samples: np.ndarray) -> VadResult:
         result = VadResult(is_speech=self.in_speech)
@@ -178,17 +180,24 @@ class VadDetector:
                         self._candidate_start = frame_start
                     self._candidate += FRAME
                     if self._candidate >= self._min_speech:
-                        self.in_speech, self._silence = True, 0
+                        self.in_speech = True
+                        self._end_pause()
                         result.started = True
                         result.start_sample = max(self.reset_sample, self._candidate_start - padding, 0)
                 else:
                     self._candidate = 0
             elif p >= self.config.threshold:
-                self._silence = 0
+                self._end_pause()
             elif not (p >= self._negative and self._silence == 0):
+                if self._silence == 0:
+                    self._silence_start = frame_start
                 self._silence += FRAME
+                if self._next_check is not None and self._silence >= self._next_check:
+                    result.pause_sample = self.processed
+                    self._next_check *= 2
                 if p < self._negative and self._silence >= self._min_silence:
-                    self.in_speech, self._silence, self._candidate = False, 0, 0
+                    self._end_pause()
+                    self.in_speech, self._candidate = False, 0
                     result.stopped, result.end_sample = True, self.processed
             result.is_speech = result.is_speech or self.in_speech
         result.speech_active = self.in_speech

@@ -30,9 +30,20 @@ def register(commands: argparse._SubParsersAction) -> None:
     realtime.add_argument("--baseline-thinker-tokens", type=int, default=64)
     realtime.add_argument("--baseline-talker-tokens", type=int, default=256)
     realtime.set_defaults(run=run_realtime_bench)
+    turns = kinds.add_parser("turn-detection", help="how soon each turn-detection setting ends the same turns")
+    turns.add_argument("--url", required=True, help="the server to measure (http(s)://host:port or ws(s)://…)")
+    turns.add_argument("--wav", action="append", required=True,
+                       help="a recording (16 kHz mono 16-bit PCM WAV); repeat for several")
+    turns.add_argument("--settings", default=",".join(DEFAULT_TURN_SETTINGS),
+                       help="comma-separated: server_vad, semantic_vad:<low|medium|high|auto> (default: all four)")
+    turns.add_argument("--trailing-silence-s", type=float, default=3.0,
+                       help="silence streamed after each recording (default 3)")
+    turns.add_argument("--out-dir", required=True, help="where turn_detection.json and the plot go")
+    turns.set_defaults(run=run_turn_detection_bench)
 
 
 TRANSCRIBED_TARGET = "vllm-omni+transcribe"
+DEFAULT_TURN_SETTINGS = ("server_vad", "semantic_vad:high", "semantic_vad:medium", "semantic_vad:low")
 
 
 def _levels(text: str) -> list[int]:
@@ -85,4 +96,30 @@ def run_realtime_bench(args: argparse.Namespace) -> int:
     failures = [f for rows in results.values() for row in rows for f in row["failures"]]
     for failure in failures:
         print(f"session failed: {failure}", file=sys.stderr)
+    return 0
+
+
+def run_turn_detection_bench(args: argparse.Namespace) -> int:
+    from vllm_omni.bench.turn_detection import Recording, format_table, run_benchmark, turn_detection, write_results
+    from vllm_omni.client.url import realtime_url
+    from vllm_omni.client.wav import WavError, read_pcm16
+
+    try:
+        settings = [part.strip() for part in args.settings.split(",") if part.strip()]
+        for setting in settings:
+            turn_detection(setting)
+        recordings = [Recording(Path(path).name, read_pcm16(path)) for path in args.wav]
+        if args.trailing_silence_s < 0:
+            raise ValueError(f"--trailing-silence-s must not be negative, got {args.trailing_silence_s}")
+    except (WavError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    url = realtime_url(args.url)
+    rows = run_benchmark(url, settings, recordings, args.trailing_silence_s)
+    print(format_table(rows))
+    written = write_results(rows, {"url": url, "wavs": args.wav, "settings": settings,
+                                   "trailing_silence_s": args.trailing_silence_s, "paced": "real time"},
+                            Path(args.out_dir))
+    for path in written:
+        print(f"wrote {path}")
     return 0

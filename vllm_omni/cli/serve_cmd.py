@@ -57,7 +57,8 @@ def serve_model(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         served_model_names=args.served_model_name or [args.model], api_key=args.api_key,
         max_sessions=defaults.max_sessions, max_session_duration_s=args.max_session_duration_s,
-        vad_model_path=defaults.server_vad_model_path, default_speaker=args.speaker,
+        vad_model_path=defaults.server_vad_model_path, end_of_turn_model_path=defaults.end_of_turn_model_path,
+        default_speaker=args.speaker,
         protect_metrics=args.protect_metrics, turn_detection_defaults=turn_detection_defaults(defaults),
         **{name: value for name, value in limits.items() if value is not None})
     app = create_app(engine, settings)

@@ -97,6 +97,7 @@ class SessionDefaults(_Strict):
     session gets when a client turns on `server_vad` without giving them."""
 
     server_vad_model_path: str | None = None  # None: the HF cache, then the silero-vad package
+    end_of_turn_model_path: str | None = None  # semantic_vad's Smart Turn ONNX; None: the pipecat-ai package's
     vad_threshold: float = Field(default=0.5, gt=0, lt=1)
     vad_silence_duration_ms: PositiveInt = 500
     vad_prefix_padding_ms: NonNegativeInt = 300

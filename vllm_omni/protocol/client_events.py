@@ -14,6 +14,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+from pydantic_core import ErrorDetails
 
 from vllm_omni.protocol.errors import ProtocolError
 
@@ -332,15 +333,19 @@ def client_event_id(raw: dict[str, Any]) -> str | None:
 
 def validation_problem(exc: ValidationError, where: str, prefix: str = "") -> ProtocolError:
     """The first problem pydantic found, as a `bad_event` naming the field."""
-    first = exc.errors()[0]
-    loc = first["loc"]
+    return field_problem(exc.errors()[0], where, prefix)
+
+
+def field_problem(error: ErrorDetails, where: str, prefix: str = "") -> ProtocolError:
+    """One problem pydantic found, as a `bad_event` naming the field."""
+    loc = error["loc"]
     # Unions add the member they tried to the location ("max_tokens.constrained-int",
     # "content.0.input_audio.audio", "input.0.item_reference.id"); those are not fields.
     parts = [str(p) for i, p in enumerate(loc)
              if not (isinstance(p, str) and (_UNION_MEMBER.match(p) or (i and isinstance(loc[i - 1], int)
                                                                          and p in PART_TAGS + INPUT_TAGS)))]
     param = ".".join(([prefix] if prefix else []) + parts)
-    return ProtocolError("bad_event", f"{where}: {param}: {first['msg']}", param or None)
+    return ProtocolError("bad_event", f"{where}: {param}: {error['msg']}", param or None)
 
 
 def parse_client_event(raw: dict[str, Any]) -> ClientEvent:

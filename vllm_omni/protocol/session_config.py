@@ -1,8 +1,6 @@
-"""Session configuration: parsing `session.update` in all three shapes, and its echo.
-
-`apply_session_update(current, update)` returns a new effective configuration or raises
-`ProtocolError` and changes nothing (updates are atomic). Precedence between spellings
-follows docs/realtime-api.md §2.1; validation order follows §2.2.
+"""Session configuration: the effective configuration, the parsers of its audio formats and
+turn detection, and its echo. Applying a `session.update` to it is session_update's
+(docs/realtime-api.md §2.2).
 """
 
 from __future__ import annotations
@@ -11,7 +9,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from vllm_omni.audio.formats import (
     DEFAULT_RATES,
@@ -21,7 +19,6 @@ from vllm_omni.audio.formats import (
     canonical_format,
     check_rate,
 )
-from vllm_omni.protocol.client_events import SessionSettings, token_limit, validation_problem
 from vllm_omni.protocol.errors import ProtocolError
 
 # The GA wire default for output audio (pcm16 and wav are always sent at it). Not the engine's
@@ -36,12 +33,13 @@ TURN_DETECTION_FIELDS = {"type", "threshold", "prefix_padding_ms", "silence_dura
                          "interrupt_response", "idle_timeout_ms", "min_speech_duration_ms"}
 MAX_VAD_DURATION_MS = 60_000  # prefix padding, silence and minimum speech durations
 MAX_IDLE_TIMEOUT_MS = 86_400_000
-_UNSET = object()
 
 
-# semantic_vad: how long the server waits after speech before it ends the turn, by eagerness
-# (docs/realtime-api.md §2.4); "auto" is "medium".
-EAGERNESS_SILENCE_MS = {"low": 1500.0, "medium": 800.0, "auto": 800.0, "high": 300.0}
+# semantic_vad by eagerness (docs/realtime-api.md §2.4.2): after `check` ms of silence the
+# end-of-turn model judges the speech so far and ends a turn that sounds finished; one it finds
+# unfinished ends after `max` ms of silence (GA's 8 / 4 / 2 s timeouts). "auto" is "medium".
+SEMANTIC_VAD_PAUSES_MS = {"low": (600.0, 8000.0), "medium": (400.0, 4000.0), "auto": (400.0, 4000.0),
+                          "high": (200.0, 2000.0)}
 SEMANTIC_VAD_FIELDS = {"type", "eagerness", "create_response", "interrupt_response"}
 
 
@@ -93,18 +91,6 @@ class SessionConfig(BaseModel):
     def overlap_policy(self) -> str:
         td = self.turn_detection
         return "barge_in_on_speech" if td is not None and td.interrupt_response else "listen_only"
-
-
-def _first(*candidates: Any) -> Any:
-    return next((c for c in candidates if c is not _UNSET), _UNSET)
-
-
-def _get(mapping: Any, *path: str) -> Any:
-    for key in path:
-        if not isinstance(mapping, dict) or key not in mapping:
-            return _UNSET
-        mapping = mapping[key]
-    return mapping
 
 
 def parse_format(value: Any, *, output: bool, param: str) -> AudioFormat:
@@ -178,14 +164,14 @@ def parse_turn_detection(value: Any, mode: str, defaults: Mapping[str, float] | 
 
 
 def _semantic_vad(value: dict[str, Any], mode: str, defaults: Mapping[str, float] | None) -> TurnDetection:
-    """semantic_vad: speech is found as with server_vad; `eagerness` sets how long a pause
-    ends the turn."""
+    """semantic_vad: speech is found as with server_vad; the end of a turn is judged by the
+    end-of-turn model, `eagerness` setting the pauses (SEMANTIC_VAD_PAUSES_MS)."""
     code, param = "unsupported_turn_detection", "turn_detection"
     unknown = sorted(set(value) - SEMANTIC_VAD_FIELDS)
     if unknown:
         raise ProtocolError(code, f"unknown semantic_vad fields: {', '.join(unknown)}", param)
     eagerness = value.get("eagerness", "auto")
-    if eagerness not in EAGERNESS_SILENCE_MS:
+    if eagerness not in SEMANTIC_VAD_PAUSES_MS:
         raise ProtocolError("invalid_value", "turn_detection.eagerness must be low, medium, high or auto",
                             f"{param}.eagerness")
     for key in ("create_response", "interrupt_response"):
@@ -194,124 +180,7 @@ def _semantic_vad(value: dict[str, Any], mode: str, defaults: Mapping[str, float
     fields = {**(defaults or {}), **{k: v for k, v in value.items() if k in ("create_response", "interrupt_response")}}
     fields.setdefault("interrupt_response", mode == "duplex")
     return TurnDetection(**{**fields, "type": "semantic_vad", "eagerness": eagerness,
-                            "silence_duration_ms": EAGERNESS_SILENCE_MS[eagerness]})
-
-
-def _modalities(value: Any) -> list[str]:
-    if not isinstance(value, list) or not value or any(m not in ("audio", "text") for m in value):
-        raise ProtocolError("bad_event", "output_modalities must be a non-empty list of 'audio' and 'text'",
-                            "output_modalities")
-    return ["text", "audio"] if "audio" in value else ["text"]
-
-
-def apply_session_update(current: SessionConfig, session: dict[str, Any], served_models: list[str],
-                         mode: str = "turn", vad_defaults: Mapping[str, float] | None = None) -> SessionConfig:
-    """The configuration after `session` (the update's `session` object) is applied; a
-    server_vad object gets the fields it leaves out from `vad_defaults`, else the built-in ones."""
-    try:  # types and bounds of every field first; fields with codes of their own are checked below
-        SessionSettings.model_validate(session)
-    except ValidationError as exc:
-        raise validation_problem(exc, "session.update") from None
-    updates: dict[str, Any] = {}
-    audio_in, audio_out = _get(session, "audio", "input"), _get(session, "audio", "output")
-
-    if session.get("type") == "transcription":
-        raise ProtocolError("bad_event", "transcription sessions are not supported", "session.type")
-    model = session.get("model", _UNSET)
-    if model is not _UNSET and model is not None:
-        if model not in served_models:
-            raise ProtocolError("model_not_found", f"The model `{model}` does not exist.", "model")
-        if model != current.model:
-            raise ProtocolError("model_update_unsupported", "model cannot change after the session opened",
-                                "model")
-
-    # Audio formats are validated (and reported) before turn detection.
-    fmt = _first(session.get("input_audio_format", _UNSET), _get(audio_in, "format"))
-    if fmt is not _UNSET:
-        updates["input_format"] = parse_format(fmt, output=False, param="audio.input.format")
-    rate = _first(session.get("sample_rate_hz", _UNSET), session.get("sample_rate", _UNSET),
-                  _get(audio_in, "sample_rate_hz"), _get(audio_in, "sample_rate"))
-    if rate is not _UNSET:
-        try:
-            checked = check_rate(rate)
-        except ValueError as exc:
-            raise ProtocolError("bad_event", str(exc), "sample_rate_hz") from None
-        if checked is not None:
-            updates["input_format"] = AudioFormat(updates.get("input_format", current.input_format).name, checked)
-    out_fmt = _first(session.get("output_audio_format", _UNSET), session.get("response_format", _UNSET),
-                     _get(audio_out, "format"))
-    if out_fmt is not _UNSET:
-        updates["output_format"] = parse_format(out_fmt, output=True, param="audio.output.format")
-
-    td = _first(_get(audio_in, "turn_detection"), session.get("turn_detection", _UNSET))
-    if td is not _UNSET:
-        updates["turn_detection"] = parse_turn_detection(td, mode, vad_defaults)
-    extra = session.get("extra_body", {})
-    if not isinstance(extra, dict):
-        raise ProtocolError("bad_event", "extra_body must be an object", "extra_body")
-    policy = extra.get("overlap_policy", session.get("overlap_policy", _UNSET))
-    if policy is not _UNSET:
-        _apply_overlap_policy(policy, td, updates, current)
-    if extra.get("auto_response") is True:
-        raise ProtocolError("invalid_duplex_runtime_config",
-                            "auto_response requires server VAD or explicit commits in turn mode", "extra_body")
-
-    for key in ("instructions",):
-        if key in session:
-            if session[key] is not None and not isinstance(session[key], str):
-                raise ProtocolError("bad_event", "instructions must be a string or null", "instructions")
-            updates[key] = session[key]
-    modalities = _first(session.get("modalities", _UNSET), session.get("output_modalities", _UNSET))
-    if modalities is not _UNSET:
-        updates["modalities"] = _modalities(modalities)
-    voice = _first(session.get("voice", _UNSET), _get(audio_out, "voice"))
-    if voice is not _UNSET:
-        if voice is not None and not isinstance(voice, str):
-            raise ProtocolError("bad_event", "voice must be a name (voice objects are not supported)",
-                                "audio.output.voice")
-        updates["voice"] = voice
-    speed = _first(session.get("speed", _UNSET), _get(audio_out, "speed"))
-    if speed is not _UNSET:
-        updates["speed"] = speed
-    tokens = _first(session.get("max_response_output_tokens", _UNSET), session.get("max_output_tokens", _UNSET),
-                    session.get("max_tokens", _UNSET))
-    if tokens is not _UNSET:
-        updates["max_output_tokens"] = token_limit(tokens)
-    if "temperature" in session:
-        updates["temperature"] = session["temperature"]
-    for key in ("tools", "tool_choice", "metadata", "include", "prompt", "tracing", "truncation"):
-        if key in session:
-            updates[key] = session[key]
-    transcription = _first(_get(audio_in, "transcription"), session.get("input_audio_transcription", _UNSET))
-    if transcription is not _UNSET:
-        updates["transcription"] = transcription
-    noise = _first(_get(audio_in, "noise_reduction"), session.get("input_audio_noise_reduction", _UNSET))
-    if noise is not _UNSET:
-        updates["noise_reduction"] = noise
-    if session.get("idle_timeout_s") is not None:
-        updates["idle_timeout_s"] = float(session["idle_timeout_s"])
-    if extra:
-        updates["extra_body"] = {**current.extra_body, **extra}
-    return current.model_copy(update=updates)
-
-
-def _apply_overlap_policy(policy: Any, td_sent: Any, updates: dict[str, Any], current: SessionConfig) -> None:
-    """overlap_policy decides interrupt_response when that is absent; a conflict is an error
-    (docs/realtime-api.md §2.5)."""
-    code, param = "unsupported_turn_detection", "turn_detection"
-    wants_barge_in = policy == "barge_in_on_speech"
-    effective = updates.get("turn_detection", current.turn_detection)
-    if wants_barge_in and effective is None:
-        raise ProtocolError(code, "overlap_policy=barge_in_on_speech requires turn_detection.type='server_vad'",
-                            param)
-    if effective is None:
-        return
-    sent_interrupt = isinstance(td_sent, dict) and "interrupt_response" in td_sent
-    if sent_interrupt and td_sent["interrupt_response"] != wants_barge_in:
-        expected = "barge_in_on_speech" if td_sent["interrupt_response"] else "listen_only"
-        raise ProtocolError(code, f"overlap_policy={policy} conflicts with turn_detection; expected {expected}",
-                            param)
-    updates["turn_detection"] = effective.model_copy(update={"interrupt_response": wants_barge_in})
+                            "silence_duration_ms": SEMANTIC_VAD_PAUSES_MS[eagerness][1]})
 
 
 def session_object(config: SessionConfig, state: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ class ServerSettings:
     max_sessions: int = 64
     max_session_duration_s: float = 3600.0
     vad_model_path: str | None = None
+    end_of_turn_model_path: str | None = None
     default_speaker: str | None = None  # None: the engine's `default_speaker`
     send_timeout_s: float = 30.0  # a client that takes no event for this long is dropped
     max_history_audio_s: float = DEFAULT_MAX_HISTORY_AUDIO_S  # user speech a conversation keeps
@@ -34,6 +35,7 @@ class ServerSettings:
 
     def session_options(self) -> SessionOptions:
         return SessionOptions(served_models=list(self.served_model_names), session_mode=SessionMode(self.session_mode),
-                              vad_model_path=self.vad_model_path, default_speaker=self.default_speaker,
+                              vad_model_path=self.vad_model_path, end_of_turn_model_path=self.end_of_turn_model_path,
+                              default_speaker=self.default_speaker,
                               max_history_audio_s=self.max_history_audio_s,
                               turn_detection_defaults=dict(self.turn_detection_defaults))

@@ -38,6 +38,7 @@ class SessionOptions:
     served_models: list[str]
     session_mode: SessionMode = SessionMode.TURN
     vad_model_path: str | None = None  # None: the HF cache, then the silero-vad package
+    end_of_turn_model_path: str | None = None  # semantic_vad's; None: the pipecat-ai package's copy
     default_speaker: str | None = None  # None: the engine's default voice
     max_history_audio_s: float = DEFAULT_MAX_HISTORY_AUDIO_S
     # server-VAD fields (protocol.session_config.TURN_DETECTION_DEFAULT_FIELDS) a client that

@@ -1,6 +1,7 @@
 """The user's audio in a turn-mode session: format and conversion, the uncommitted buffer on
 the session's timeline, the engine's audio stream fed while the user speaks, server VAD
-(speech start / stop, server-initiated commits) and the idle timer (docs/realtime-api.md §2.4.1).
+(speech start / stop, server-initiated commits; with semantic_vad, the end-of-turn model's
+verdict at each pause, §2.4.2) and the idle timer (docs/realtime-api.md §2.4.1).
 
 Times are 16 kHz samples since the session started (`timeline`).
 """
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vllm_omni.audio.end_of_turn import WINDOW_SAMPLES, EndOfTurnModel
 from vllm_omni.audio.formats import (
     AudioDataError,
     AudioFormat,
@@ -21,6 +23,7 @@ from vllm_omni.audio.formats import (
     check_rate,
     decode_base64,
 )
+from vllm_omni.audio.model_files import ModelFileUnavailableError
 from vllm_omni.audio.sample_buffer import SampleBuffer
 from vllm_omni.audio.silero_vad import ServerVADUnavailableError, SileroModel, VadConfig, VadDetector, samples_to_ms
 from vllm_omni.engine.interface import EngineClient
@@ -29,7 +32,7 @@ from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.server_event_builders import audio_buffer_timeout_triggered, speech_started, speech_stopped
 from vllm_omni.protocol.server_events import error_event, new_id
-from vllm_omni.protocol.session_config import TurnDetection, parse_format
+from vllm_omni.protocol.session_config import SEMANTIC_VAD_PAUSES_MS, TurnDetection, parse_format
 from vllm_omni.session.base import Emit
 from vllm_omni.session.conversation import Item
 
@@ -52,11 +55,12 @@ class InputTrack:
     does nothing while `busy()` (a response is active)."""
 
     def __init__(self, engine: EngineClient, emit: Emit, *,
-                 vad_model_path: str | None, on_speech_started: Callable[[], None],
+                 vad_model_path: str | None, end_of_turn_model_path: str | None,
+                 on_speech_started: Callable[[], None],
                  on_server_commit: Callable[[SealedTurn], None], busy: Callable[[], bool]):
         self.engine = engine
         self._emit = emit
-        self.vad_model_path = vad_model_path
+        self.vad_model_path, self.end_of_turn_model_path = vad_model_path, end_of_turn_model_path
         self._on_speech_started, self._on_server_commit, self._busy = on_speech_started, on_server_commit, busy
         self.timeline = 0  # 16 kHz samples accepted since the session started
         self.pending = SampleBuffer()  # uncommitted input on the timeline
@@ -67,6 +71,8 @@ class InputTrack:
         self.segment_item: str | None = None  # open speech segment (speech_started sent)
         self._transcript_hints: list[str] = []
         self._vad: VadDetector | None = None
+        self._end_of_turn: EndOfTurnModel | None = None  # semantic_vad's judge of pauses
+        self._judgement: asyncio.Task[None] | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
 
     # Configuration ----------------------------------------------------------------------------
@@ -76,7 +82,7 @@ class InputTrack:
         self.turn_detection = turn_detection
         self.disarm_idle_timer()
         self._close_segment(emit_stop=False)
-        self._vad = None
+        self._vad = self._end_of_turn = None
         if turn_detection is None:
             return
         try:
@@ -85,10 +91,25 @@ class InputTrack:
             self._emit(error_event(ProtocolError("server_vad_unavailable", str(exc))))
             return
         td = turn_detection
+        pause_check_ms = None
+        if td.type == "semantic_vad":
+            self._end_of_turn = self._load_end_of_turn_model(td)
+            pause_check_ms = SEMANTIC_VAD_PAUSES_MS[td.eagerness][0] if self._end_of_turn else None
         self._vad = VadDetector(model, VadConfig(threshold=td.threshold, prefix_padding_ms=td.prefix_padding_ms,
                                                  silence_duration_ms=td.silence_duration_ms,
-                                                 min_speech_duration_ms=td.min_speech_duration_ms),
+                                                 min_speech_duration_ms=td.min_speech_duration_ms,
+                                                 pause_check_ms=pause_check_ms),
                                 start_sample=self.timeline)
+
+    def _load_end_of_turn_model(self, td: TurnDetection) -> EndOfTurnModel | None:
+        """semantic_vad's model; without it, turns end after the eagerness's longest pause."""
+        try:
+            return EndOfTurnModel.load(self.end_of_turn_model_path)
+        except ModelFileUnavailableError as exc:
+            self._emit(error_event(ProtocolError(
+                "server_vad_unavailable",
+                f"{exc}; semantic_vad turns end after {td.silence_duration_ms:.0f} ms of silence")))
+            return None
 
     # Appends ---------------------------------------------------------------------------------
 
@@ -126,15 +147,50 @@ class InputTrack:
             self._open_segment(result.start_sample)
         if self.segment_item is not None:
             self._feed_stream(result.end_sample if result.stopped else end)
+        if result.pause_sample is not None and self._end_of_turn is not None:
+            self._judge_pause(self._end_of_turn, result.pause_sample)
         if result.stopped and self.segment_item is not None:
-            item_id = self.segment_item
-            self._emit(speech_stopped(audio_end_ms=samples_to_ms(result.end_sample), item_id=item_id))
             if result.should_commit:
-                self.segment_item = None
-                self._vad.reset()
-                self._on_server_commit(self._seal(result.end_sample, item_id, server_initiated=True))
+                self._end_turn(result.end_sample)
+            else:
+                self._emit(speech_stopped(audio_end_ms=samples_to_ms(result.end_sample), item_id=self.segment_item))
         if self.segment_item is None:
             self._keep_onset_reach()
+
+    def _end_turn(self, end_sample: int) -> None:
+        """Server VAD ends the open speech segment at `end_sample` and commits it as a turn."""
+        item_id = self.segment_item
+        self._emit(speech_stopped(audio_end_ms=samples_to_ms(end_sample), item_id=item_id))
+        self.segment_item = None
+        self._vad.reset()
+        self._on_server_commit(self._seal(end_sample, item_id, server_initiated=True))
+
+    def _judge_pause(self, model: EndOfTurnModel, pause_sample: int) -> None:
+        """semantic_vad (docs/realtime-api.md §2.4.2): the model judges the speech up to this
+        pause off the event loop; the turn ends here if it sounds finished and no speech came
+        since. Otherwise the pause runs on, and `silence_duration_ms` ends it."""
+        if not self._vad.pause_is_current(pause_sample):
+            return
+        self._cancel_judgement()
+        audio = self.pending.view(pause_sample - WINDOW_SAMPLES, pause_sample)
+        self._judgement = asyncio.get_running_loop().create_task(
+            self._end_turn_if_finished(model, self.segment_item, pause_sample, audio))
+
+    async def _end_turn_if_finished(self, model: EndOfTurnModel, item_id: str | None, pause_sample: int,
+                                    audio: np.ndarray) -> None:
+        finished = await model.sounds_finished(audio)
+        if finished and self.segment_item == item_id and self._vad is not None \
+                and self._vad.pause_is_current(pause_sample):
+            try:
+                self._end_turn(pause_sample)
+            except ProtocolError as exc:
+                self._emit(error_event(exc))
+            self._keep_onset_reach()
+
+    def _cancel_judgement(self) -> None:
+        if self._judgement is not None:
+            self._judgement.cancel()
+            self._judgement = None
 
     def _keep_onset_reach(self) -> None:
         """Outside speech, keep only the audio a coming onset can reach back to (its prefix
@@ -165,6 +221,7 @@ class InputTrack:
         self._fed_until = upto
 
     def _close_segment(self, emit_stop: bool) -> None:
+        self._cancel_judgement()
         if self.segment_item is not None and emit_stop:
             self._emit(speech_stopped(audio_end_ms=samples_to_ms(self.timeline), item_id=self.segment_item))
         self.segment_item = None
@@ -219,6 +276,11 @@ class InputTrack:
         self.disarm_idle_timer()
         delay = (answer_ms + td.idle_timeout_ms) / 1000
         self._idle_timer = asyncio.get_running_loop().call_later(delay, self._on_idle_timeout)
+
+    def close(self) -> None:
+        """The session ends: no timer or judgement outlives it."""
+        self.disarm_idle_timer()
+        self._cancel_judgement()
 
     def disarm_idle_timer(self) -> None:
         if self._idle_timer is not None:

@@ -25,7 +25,8 @@ from vllm_omni.protocol.server_event_builders import (
     session_updated,
 )
 from vllm_omni.protocol.server_events import error_event
-from vllm_omni.protocol.session_config import SessionConfig, apply_session_update, session_object
+from vllm_omni.protocol.session_config import SessionConfig, session_object
+from vllm_omni.protocol.session_update import apply_session_update
 from vllm_omni.protocol.states import Lane
 from vllm_omni.session.base import ConfiguredSession, Emit, SessionOptions, reporting
 from vllm_omni.session.conversation import announce
@@ -36,6 +37,9 @@ from vllm_omni.session.tools import engine_tool_choice, engine_tools
 from vllm_omni.session.transcriber import Transcriber
 
 Handler = Callable[[Any], Awaitable[None] | None]
+# Malformed tools are refused by session.update, not at the next answer (docs/realtime-api.md §2.3)
+TOOL_CHECKS = {"tools": lambda tools: engine_tools(tools, "session.tools"),
+               "tool_choice": lambda choice: engine_tool_choice(choice, "session.tool_choice")}
 
 CAPABILITIES = {
     "implementation_level": "turn_based_duplex", "chunk_period_ms": 1000,
@@ -60,6 +64,7 @@ class TurnSession(ConfiguredSession):
         self._emit = emit
         self.turn_id = 0  # user turns committed
         self.input = InputTrack(engine, emit, vad_model_path=options.vad_model_path,
+                                end_of_turn_model_path=options.end_of_turn_model_path,
                                 on_speech_started=self._speech_started, on_server_commit=self._server_commit,
                                 busy=lambda: self.responses.active is not None)
         self.items = ItemStore(engine, emit, session_id=config.id,
@@ -126,13 +131,17 @@ class TurnSession(ConfiguredSession):
     # Handlers ---------------------------------------------------------------------------------
 
     def _update_session(self, ev: ce.SessionUpdate) -> None:
+        """Apply what is valid; one error per rejected group, then session.updated unless nothing
+        applied (docs/realtime-api.md §2.2)."""
         update = ev.session if ev.session is not None else ({"model": ev.model} if ev.model else {})
         before = self.config.turn_detection
-        config = apply_session_update(self.config, update, self.options.served_models,
-                                      vad_defaults=self.options.turn_detection_defaults)
-        engine_tools(config.tools, "session.tools")  # refuse malformed tools now, not at the next answer
-        engine_tool_choice(config.tool_choice, "session.tool_choice")
-        self.config = config
+        result = apply_session_update(self.config, update, self.options.served_models,
+                                      vad_defaults=self.options.turn_detection_defaults, checks=TOOL_CHECKS)
+        for problem in result.rejected:
+            self.report(problem, ev.event_id)
+        if not result.updated:
+            return
+        self.config = result.config
         if self.config.turn_detection != before:
             self.input.configure(self.config.turn_detection)
         self._emit(session_updated(session=self.session_object()))
@@ -204,7 +213,7 @@ class TurnSession(ConfiguredSession):
 
     async def close(self) -> None:
         """Stop everything this session started (no cancelled response.done is sent)."""
-        self.input.disarm_idle_timer()
+        self.input.close()
         await self.transcriber.close()
         await self.responses.close()
         self.items.clear()  # what the session holds goes with it
