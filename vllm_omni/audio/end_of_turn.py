@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from vllm_omni.audio.model_files import ModelFileUnavailableError, checked, configured, packaged
+from vllm_omni.audio.model_files import ModelFileUnavailableError, SharedOnnxModel, checked, configured, packaged
 
 logger = logging.getLogger(__name__)
 
@@ -46,34 +45,22 @@ def resolve_end_of_turn_model(configured_path: str | None = None) -> Path:
     return checked(shipped, SMART_TURN_SHA256, what)
 
 
-class EndOfTurnModel:
-    """One ONNX session per file, shared by every stream. Judgements run one at a time on a
-    thread of their own, off the event loop, so their CPU use is bounded however many sessions
-    pause at once (a verdict that comes late only lets a turn run to its longest pause)."""
+class EndOfTurnModel(SharedOnnxModel):
+    """Judgements run one at a time on a thread of their own, off the event loop, so their CPU
+    use is bounded however many sessions pause at once (a verdict that comes late only lets a
+    turn run to its longest pause)."""
 
-    _instances: dict[Path, EndOfTurnModel] = {}
-    _lock = threading.Lock()
     _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="end-of-turn")
 
     def __init__(self, path: Path):
-        import onnxruntime
         from transformers import WhisperFeatureExtractor
 
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        self.path = path
-        self._session = onnxruntime.InferenceSession(str(path), sess_options=options,
-                                                     providers=["CPUExecutionProvider"])
+        super().__init__(path)
         self._features = WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, chunk_length=8)
 
     @classmethod
-    def load(cls, configured_path: str | None = None) -> EndOfTurnModel:
-        path = resolve_end_of_turn_model(configured_path)
-        with cls._lock:
-            if path not in cls._instances:
-                cls._instances[path] = cls(path)
-            return cls._instances[path]
+    def resolve(cls, configured_path: str | None) -> Path:
+        return resolve_end_of_turn_model(configured_path)
 
     def finished_probability(self, audio: np.ndarray) -> float:
         """P(the speaker finished their turn) for 16 kHz float32 speech ending at a pause."""

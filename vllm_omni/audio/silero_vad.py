@@ -11,13 +11,12 @@ recurrent state and 64-sample context in and out, so sessions never share state.
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from vllm_omni.audio.model_files import ModelFileUnavailableError, checked, configured, packaged
+from vllm_omni.audio.model_files import ModelFileUnavailableError, SharedOnnxModel, checked, configured, packaged
 
 logger = logging.getLogger(__name__)
 
@@ -59,30 +58,16 @@ def resolve_silero_model(configured_path: str | None = None) -> Path:
         "Face cache, or the silero-vad package)")
 
 
-class SileroModel:
+class SileroModel(SharedOnnxModel):
     """The shared ONNX session; `score` is thread-safe and stateless."""
 
-    _instances: dict[Path, SileroModel] = {}
-    _lock = threading.Lock()
-
     def __init__(self, path: Path):
-        import onnxruntime
-
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        self.path = path
-        self._session = onnxruntime.InferenceSession(str(path), sess_options=options,
-                                                     providers=["CPUExecutionProvider"])
+        super().__init__(path)
         self.score(np.zeros((1, CONTEXT + FRAME), np.float32), np.zeros((2, 1, 128), np.float32))  # warm up
 
     @classmethod
-    def load(cls, configured_path: str | None = None) -> SileroModel:
-        path = resolve_silero_model(configured_path)
-        with cls._lock:
-            if path not in cls._instances:
-                cls._instances[path] = cls(path)
-            return cls._instances[path]
+    def resolve(cls, configured_path: str | None) -> Path:
+        return resolve_silero_model(configured_path)
 
     def score(self, window: np.ndarray, state: np.ndarray) -> tuple[float, np.ndarray]:
         """Speech probability of one [1, 576] window; returns it and the next state."""
