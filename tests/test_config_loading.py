@@ -19,7 +19,8 @@ from vllm_omni.config import (
 from vllm_omni.config import loader as loader_module
 from vllm_omni.config.schema import PLATFORMS
 
-BUNDLED = ["qwen3_omni_moe", "qwen3_omni_duplex", "qwen3_omni_tiny_cpu", "qwen3_omni_tiny_cpu_torch"]
+BUNDLED = ["qwen3_omni_moe", "qwen3_omni_duplex", "qwen3_omni_tiny_cpu", "qwen3_omni_tiny_cpu_torch",
+           "qwen3_omni_tiny_cpu_duplex"]
 
 
 @pytest.mark.parametrize("name", BUNDLED)

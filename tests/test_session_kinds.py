@@ -15,7 +15,7 @@ from vllm_omni.protocol.states import Lane, SessionMode
 from vllm_omni.server.settings import ServerSettings
 from vllm_omni.session import turn_lanes
 from vllm_omni.session.base import SessionOptions
-from vllm_omni.session.factory import SessionFactory, SessionRefused
+from vllm_omni.session.factory import DuplexRoute, SessionFactory, SessionRefused
 from vllm_omni.session.legacy_session import LegacySession
 
 APPEND = {"type": "input_audio_buffer.append", "audio": pcm16_b64(0.2, 0.1), "sample_rate_hz": 16000}
@@ -31,8 +31,7 @@ def factory(mode: SessionMode = SessionMode.TURN, engine: ScriptedEngine | None 
     (SessionMode.TURN, False, "1", "VAD realtime is not enabled"),
     (SessionMode.TURN, False, "On", "VAD realtime is not enabled"),
     (SessionMode.DUPLEX, False, "0", "Realtime API is not available"),
-    (SessionMode.DUPLEX, False, None, "no session kind serves the duplex lane yet (session_mode: duplex)"),
-    (SessionMode.DUPLEX, True, "0", "no session kind serves the duplex lane yet (session_mode: duplex)"),
+    (SessionMode.DUPLEX, False, "off", "Realtime API is not available"),
 ])
 def test_routes_without_a_session_kind_are_refused(mode, duplex_endpoint, query, refusal) -> None:
     with pytest.raises(SessionRefused) as refused:
@@ -40,7 +39,21 @@ def test_routes_without_a_session_kind_are_refused(mode, duplex_endpoint, query,
     assert (refused.value.code, refused.value.message) == ("unsupported", refusal)
 
 
-@pytest.mark.parametrize("query", [None, "0", "false", "maybe"])
+@pytest.mark.parametrize(("duplex_endpoint", "query"), [(False, None), (False, "1"), (False, "Yes"), (True, None),
+                                                        (True, "0")])
+def test_duplex_routes_open_by_handshake(duplex_endpoint: bool, query: str | None) -> None:
+    assert isinstance(factory(SessionMode.DUPLEX).route(duplex_endpoint=duplex_endpoint, duplex_query=query),
+                      DuplexRoute)
+
+
+@pytest.mark.parametrize("mode", [SessionMode.TURN, SessionMode.DUPLEX])
+def test_a_duplex_query_that_is_no_boolean_is_a_client_error(mode: SessionMode) -> None:
+    with pytest.raises(ProtocolError) as problem:
+        factory(mode).route(duplex_endpoint=False, duplex_query="maybe")
+    assert (problem.value.code, problem.value.param) == ("bad_event", "duplex")
+
+
+@pytest.mark.parametrize("query", [None, "0", "false"])
 async def test_a_turn_route_opens_a_greeted_session_whose_lane_is_open(query) -> None:
     events = Events()
     session = factory().route(duplex_endpoint=False, duplex_query=query)("tiny", events.append, True)

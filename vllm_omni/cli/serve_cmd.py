@@ -49,8 +49,6 @@ def serve_model(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if deploy.session_mode != "turn":
-        raise SystemExit("error: this server implements session_mode: turn; duplex mode is not available yet")
     engine = load_engine(args.model, deploy)
     limits = {"send_timeout_s": args.send_timeout_s, "max_history_audio_s": args.max_history_audio_s}
     defaults = deploy.session_defaults
@@ -60,6 +58,7 @@ def serve_model(args: argparse.Namespace) -> int:
         vad_model_path=defaults.server_vad_model_path, end_of_turn_model_path=defaults.end_of_turn_model_path,
         default_speaker=args.speaker,
         protect_metrics=args.protect_metrics, turn_detection_defaults=turn_detection_defaults(defaults),
+        session_mode=deploy.session_mode,
         **{name: value for name, value in limits.items() if value is not None})
     app = create_app(engine, settings)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, ws_max_size=16 * 1024 * 1024,

@@ -29,10 +29,11 @@ from vllm_omni.protocol.server_event_builders import session_closed
 from vllm_omni.protocol.server_events import error_event, flat_error
 from vllm_omni.protocol.states import Lane
 from vllm_omni.server.auth import UNAUTHORIZED, authorized
+from vllm_omni.server.duplex_handshake import close_code, open_duplex, wait_for_text
 from vllm_omni.server.outbox import Outbox
 from vllm_omni.server.settings import ServerSettings
 from vllm_omni.session.base import RealtimeSession
-from vllm_omni.session.factory import SessionFactory, SessionRefused
+from vllm_omni.session.factory import DuplexRoute, SessionFactory, SessionRefused
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class RealtimeConnection:
         self.session: RealtimeSession | None = None
         self._holds_slot = False  # counted in `sessions`
         self._close_reason = "session_ended"
+        self._close_code = 1000
         self._work_stopped = False
         # [EXT] events and fields only for a client that asks (docs/realtime-api.md §1.3)
         self.extensions = wants_extensions(websocket.query_params.get(EXTENSIONS_QUERY))
@@ -63,11 +65,15 @@ class RealtimeConnection:
         offered = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
         await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
         try:
-            open_session = self.factory.route(duplex_endpoint=self.duplex_endpoint,
-                                              duplex_query=ws.query_params.get("duplex"))
+            route = self.factory.route(duplex_endpoint=self.duplex_endpoint,
+                                       duplex_query=ws.query_params.get("duplex"))
         except SessionRefused as refused:
             await ws.send_text(json.dumps(flat_error(refused.code, refused.message)))
             await ws.close(1008, refused.code)
+            return
+        except ProtocolError as problem:
+            await ws.send_text(json.dumps(error_event(problem)))
+            await ws.close(1008, problem.code)
             return
         model = ws.query_params.get("model") or self.settings.served_model_names[0]
         if model not in self.settings.served_model_names:
@@ -86,13 +92,36 @@ class RealtimeConnection:
         metrics.SESSIONS_TOTAL.inc()
         try:
             self.outbox = Outbox(ws, self.settings.send_timeout_s)
-            self.session = open_session(model, self.outbox.put, self.extensions)
+            if isinstance(route, DuplexRoute):
+                if not await self._open_duplex(route, model):
+                    return
+            else:
+                self.session = route(model, self.outbox.put, self.extensions)
             await self._receive_loop()
         except Exception:  # a bug of ours: the session still ends cleanly below
             logger.exception("realtime session failed")
             self._close_reason = "internal_error"
         finally:
             await self._teardown()
+
+    async def _open_duplex(self, route: DuplexRoute, model: str) -> bool:
+        """The duplex handshake; False when it failed (its error sent, the close code set). The
+        duplex lane always has the extension surface (docs/realtime-api.md §13)."""
+        self.extensions = True
+        query = dict(self.websocket.query_params)
+        try:
+            self.session, first = await open_duplex(route, query, model, self.outbox.put,
+                                                    lambda timeout: wait_for_text(self.websocket.receive, timeout))
+        except ConnectionError:
+            self._close_reason = "disconnect"
+            return False
+        except ProtocolError as problem:
+            self.outbox.put(error_event(problem))
+            self._close_reason, self._close_code = problem.code, close_code(problem)
+            return False
+        if first is not None:
+            await self.session.handle(first)
+        return True
 
     async def _stop_work(self) -> None:
         """Cancel everything the session started, once (bounded: a stuck engine call cannot
@@ -116,7 +145,7 @@ class RealtimeConnection:
         if self.websocket.client_state == WebSocketState.CONNECTED:
             reason = self._close_reason.encode()[:MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.websocket.close(1000, reason), CLOSE_TIMEOUT_S)
+                await asyncio.wait_for(self.websocket.close(self._close_code, reason), CLOSE_TIMEOUT_S)
 
     def _release_slot(self) -> None:
         """Free this connection's session slot (once)."""

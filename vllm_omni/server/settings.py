@@ -37,5 +37,5 @@ class ServerSettings:
         return SessionOptions(served_models=list(self.served_model_names), session_mode=SessionMode(self.session_mode),
                               vad_model_path=self.vad_model_path, end_of_turn_model_path=self.end_of_turn_model_path,
                               default_speaker=self.default_speaker,
-                              max_history_audio_s=self.max_history_audio_s,
+                              max_history_audio_s=self.max_history_audio_s, max_sessions=self.max_sessions,
                               turn_detection_defaults=dict(self.turn_detection_defaults))

@@ -41,6 +41,7 @@ class SessionOptions:
     end_of_turn_model_path: str | None = None  # semantic_vad's; None: the pipecat-ai package's copy
     default_speaker: str | None = None  # None: the engine's default voice
     max_history_audio_s: float = DEFAULT_MAX_HISTORY_AUDIO_S
+    max_sessions: int = 64  # sessions the server admits at once
     # server-VAD fields (protocol.session_config.TURN_DETECTION_DEFAULT_FIELDS) a client that
     # turns server_vad on without them gets; the rest keep the built-in defaults
     turn_detection_defaults: dict[str, float] = field(default_factory=dict)

@@ -5,19 +5,29 @@ entry here; the server only calls `route` and the opener it returns."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from vllm_omni.engine.interface import EngineClient
+from vllm_omni.protocol.query_flags import query_flag
 from vllm_omni.protocol.server_events import new_id, session_created
 from vllm_omni.protocol.session_config import SessionConfig, TurnDetection
-from vllm_omni.protocol.states import Lane, SessionMode
+from vllm_omni.protocol.states import SessionMode
 from vllm_omni.session.base import Emit, RealtimeSession, SessionOptions, ga_only
+from vllm_omni.session.duplex_session import open_duplex_session
 from vllm_omni.session.legacy_session import LegacySession
 from vllm_omni.session.turn_lanes import TurnLanes
 from vllm_omni.session.turn_session import TurnSession
 
-TRUE_VALUES = {"1", "true", "yes", "on"}
-
 Opener = Callable[[str, Emit, bool], RealtimeSession]  # (model, emit, extensions) -> the session, greeted
+
+
+@dataclass(frozen=True)
+class DuplexRoute:
+    """The duplex lane: no session exists at accept. The connection's handshake opens one with
+    its autostart `{"model": …}` or first session object (docs/realtime-api.md §13.1)."""
+
+    open: Callable[[dict[str, Any], str, Emit], RealtimeSession]  # (opening, default model, emit)
 
 
 class SessionRefused(Exception):
@@ -34,20 +44,21 @@ class SessionFactory:
         self.engine = engine
         self.options = options
 
-    def route(self, *, duplex_endpoint: bool, duplex_query: str | None) -> Opener:
-        """The opener for a connection to /v1/duplex (`duplex_endpoint`) or to /v1/realtime with
-        this `duplex` query value; raises SessionRefused where this deploy has none."""
-        duplex_asked = duplex_query is not None and duplex_query.lower() in TRUE_VALUES
+    def route(self, *, duplex_endpoint: bool, duplex_query: str | None) -> Opener | DuplexRoute:
+        """How a connection to /v1/duplex (`duplex_endpoint`) or to /v1/realtime with this
+        `duplex` query value gets its session; raises SessionRefused where this deploy has no
+        session kind for it, ProtocolError for a `duplex` value that is no boolean."""
+        duplex_asked = query_flag("duplex", duplex_query)
         if self.options.session_mode is SessionMode.TURN:
             if duplex_endpoint:
                 raise SessionRefused("Duplex API is not available")
             if duplex_asked:
                 raise SessionRefused("VAD realtime is not enabled")
             return self._open_turn
-        if not duplex_endpoint and duplex_query is not None and not duplex_asked:
+        if not duplex_endpoint and duplex_asked is False:
             raise SessionRefused("Realtime API is not available")
-        raise SessionRefused(f"no session kind serves the {Lane.DUPLEX.value} lane yet "
-                             f"(session_mode: {self.options.session_mode.value})")
+        return DuplexRoute(lambda opening, model, emit: open_duplex_session(self.engine, self.options, opening,
+                                                                            model, emit))
 
     def _open_turn(self, model: str, emit: Emit, extensions: bool) -> RealtimeSession:
         """A turn-mode session: GA lane, or legacy if the client's first events ask for it;

@@ -26,7 +26,7 @@ from vllm_omni.protocol.server_event_builders import (
 )
 from vllm_omni.protocol.server_events import error_event
 from vllm_omni.protocol.session_config import SessionConfig, session_object
-from vllm_omni.protocol.session_update import apply_session_update
+from vllm_omni.protocol.session_update import SessionUpdateResult, apply_session_update
 from vllm_omni.protocol.states import Lane
 from vllm_omni.session.base import ConfiguredSession, Emit, SessionOptions, reporting
 from vllm_omni.session.conversation import announce
@@ -56,6 +56,7 @@ CAPABILITIES = {
 
 class TurnSession(ConfiguredSession):
     lane = Lane.GA
+    mode = "turn"  # how session.update reads turn detection (interrupt_response's default)
 
     def __init__(self, engine: EngineClient, config: SessionConfig, options: SessionOptions, emit: Emit):
         self.engine = engine
@@ -107,7 +108,11 @@ class TurnSession(ConfiguredSession):
             "active_response_id": active.id if active else None, "active_response_turn_id": None,
             "playback": dict(active.playback) if active else
             {"generated_ms": 0, "sent_ms": 0, "played_ms": 0, "committed_ms": 0},
-            "capabilities": {**CAPABILITIES, "supports_multi_session_same_replica": True}})
+            "capabilities": self.capabilities()})
+
+    def capabilities(self) -> dict[str, Any]:
+        """`session.capabilities`: what this session kind and model support (docs/realtime-api.md §2.6)."""
+        return {**CAPABILITIES, "supports_multi_session_same_replica": True}
 
     def report(self, exc: ProtocolError, client_event_id: str | None = None) -> None:
         self._emit(error_event(exc, client_event_id))
@@ -131,17 +136,25 @@ class TurnSession(ConfiguredSession):
     # Handlers ---------------------------------------------------------------------------------
 
     def _update_session(self, ev: ce.SessionUpdate) -> None:
+        update = ev.session if ev.session is not None else ({"model": ev.model} if ev.model else {})
+        self.apply_update(update, ev.event_id)
+
+    def apply_update(self, update: dict[str, Any], event_id: str | None = None) -> None:
         """Apply what is valid; one error per rejected group, then session.updated unless nothing
         applied (docs/realtime-api.md §2.2)."""
-        update = ev.session if ev.session is not None else ({"model": ev.model} if ev.model else {})
-        before = self.config.turn_detection
-        result = apply_session_update(self.config, update, self.options.served_models,
-                                      vad_defaults=self.options.turn_detection_defaults, checks=TOOL_CHECKS)
+        result = self._session_update(update)
         for problem in result.rejected:
-            self.report(problem, ev.event_id)
-        if not result.updated:
-            return
-        self.config = result.config
+            self.report(problem, event_id)
+        if result.updated:
+            self._adopt(result.config)
+
+    def _session_update(self, update: dict[str, Any]) -> SessionUpdateResult:
+        return apply_session_update(self.config, update, self.options.served_models, mode=self.mode,
+                                    vad_defaults=self.options.turn_detection_defaults, checks=TOOL_CHECKS)
+
+    def _adopt(self, config: SessionConfig) -> None:
+        """`config` becomes the session's; session.updated says so."""
+        before, self.config = self.config.turn_detection, config
         if self.config.turn_detection != before:
             self.input.configure(self.config.turn_detection)
         self._emit(session_updated(session=self.session_object()))

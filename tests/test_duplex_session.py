@@ -1,0 +1,170 @@
+"""The duplex lane's session on the scripted engine (docs/realtime-api.md §13): how it opens
+(autostart, the first message, and every handshake failure), its defaults, atomic updates,
+open-time fields and its spelling of error codes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from tests.scripted_engine import Events, ScriptedEngine, pcm16_b64
+from vllm_omni.protocol.errors import ProtocolError
+from vllm_omni.protocol.states import Lane, SessionMode
+from vllm_omni.server.duplex_handshake import CONFIG_TIMEOUT_S, close_code, open_duplex
+from vllm_omni.session.base import SessionOptions
+from vllm_omni.session.duplex_session import DuplexSession, open_duplex_session
+from vllm_omni.session.factory import DuplexRoute, SessionFactory
+
+OPTIONS = SessionOptions(served_models=["tiny"], session_mode=SessionMode.DUPLEX, max_sessions=8)
+
+
+def opened(opening: dict[str, Any] | None = None) -> tuple[DuplexSession, Events]:
+    events = Events()
+    session = open_duplex_session(ScriptedEngine(), OPTIONS, opening or {}, "tiny", events.append)
+    return session, events
+
+
+def refused(opening: dict[str, Any]) -> ProtocolError:
+    with pytest.raises(ProtocolError) as problem:
+        opened(opening)
+    return problem.value
+
+
+def test_opening_greets_twice_with_the_duplex_defaults() -> None:
+    session, events = opened({"model": "tiny", "overlap_policy": "listen_only", "idle_timeout_s": 60,
+                              "turn_detection": {"type": "server_vad"}})
+    assert events.kinds() == ["session.created", "session.updated"]
+    created, updated = events
+    assert created["session"] == updated["session"] and session.lane is Lane.DUPLEX
+    shown = created["session"]
+    assert shown["id"].startswith("duplex-") and len(shown["id"]) == len("duplex-") + 32
+    assert shown["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 16000}
+    assert shown["overlap_policy"] == "listen_only" and shown["turn_detection"]["interrupt_response"] is False
+    assert shown["capabilities"]["chunk_period_ms"] == 1000 and shown["capabilities"]["supports_multi_session"]
+    assert session.idle_timeout_s == 60
+
+
+def test_without_turn_detection_speech_is_committed_by_the_client_and_barge_in_is_the_default() -> None:
+    session, events = opened()
+    assert session.config.turn_detection is None
+    session, _ = opened({"turn_detection": {"type": "server_vad"}})
+    assert session.config.turn_detection.interrupt_response is True
+
+
+@pytest.mark.parametrize(("opening", "code", "param"), [
+    ({"model": "other"}, "model_not_found", "model"),
+    ({"input_audio_format": "mp3"}, "invalid_session_config", "audio.input.format"),
+    ({"turn_detection": {"type": "push_to_talk"}}, "invalid_session_config", "turn_detection"),
+    ({"temperature": "hot"}, "invalid_session_config", "temperature"),
+    ({"ref_audio": "data:audio/wav;base64,AAAA"}, "invalid_duplex_runtime_config", "ref_audio"),
+    ({"ref_audio_path": "/tmp/voice.wav"}, "unsupported_ref_audio_path", "ref_audio_path"),
+    ({"extra_body": {"auto_response": True}}, "invalid_session_config", "extra_body"),
+])
+def test_an_opening_that_cannot_open_a_session_is_refused(opening: dict, code: str, param: str) -> None:
+    problem = refused(opening)
+    assert (problem.code, problem.param) == (code, param)
+    assert close_code(problem) == 1008
+
+
+async def test_updates_are_atomic_and_open_time_fields_stay() -> None:
+    session, events = opened({"instructions": "first", "idle_timeout_s": 30})
+    await session.handle({"type": "session.update", "event_id": "u1",
+                          "session": {"instructions": "second", "input_audio_format": "mp3"}})
+    error = events.last("error")["error"]
+    assert (error["code"], error["event_id"]) == ("unsupported_audio_format", "u1")
+    assert session.config.instructions == "first" and events.kinds()[-1] == "error"
+    await session.handle({"type": "session.update", "session": {"ref_audio": "data:audio/wav;base64,AAAA"}})
+    assert events.errors()[-1] == "ref_audio_update_unsupported"
+    await session.handle({"type": "session.update", "session": {"instructions": "second", "idle_timeout_s": 5}})
+    assert session.config.instructions == "second" and session.idle_timeout_s == 30
+    assert events.kinds()[-1] == "session.updated"
+
+
+@pytest.mark.parametrize(("event", "code"), [
+    ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_empty"),
+    ({"type": "response.cancel"}, "response_not_active"),
+    ({"type": "conversation.item.delete", "item_id": "item_nope"}, "item_not_found"),
+    ({"type": "conversation.item.delete"}, "missing_item_id"),
+])
+async def test_errors_use_the_duplex_spelling(event: dict, code: str) -> None:
+    session, events = opened()
+    await session.handle(event)
+    assert events.errors() == [code]
+
+
+# The handshake ----------------------------------------------------------------------------------
+
+def route() -> DuplexRoute:
+    return SessionFactory(ScriptedEngine(), OPTIONS).route(duplex_endpoint=True, duplex_query=None)
+
+
+def first_messages(*texts: str | None):
+    """A client that sends `texts` (None: a binary frame) and then nothing."""
+    queue = list(texts)
+
+    async def first_text(timeout: float) -> str | None:
+        assert timeout == CONFIG_TIMEOUT_S
+        if not queue:
+            raise TimeoutError
+        return queue.pop(0)
+
+    return first_text
+
+
+async def handshake(query: dict[str, str], *texts: str | None):
+    events = Events()
+    session, first = await open_duplex(route(), query, "tiny", events.append, first_messages(*texts))
+    return session, first, events
+
+
+async def test_autostart_opens_at_once_from_the_model_in_the_url() -> None:
+    session, first, events = await handshake({"model": "tiny"})
+    assert isinstance(session, DuplexSession) and first is None
+    assert events.kinds() == ["session.created", "session.updated"]
+
+
+@pytest.mark.parametrize("query", [{"model": "tiny", "autostart": "0"}, {"model": "tiny", "resume": "yes"}, {}])
+async def test_otherwise_the_first_session_update_opens(query: dict[str, str]) -> None:
+    update = {"type": "session.update", "session": {"instructions": "Be brief.", "modalities": ["text"]}}
+    session, first, events = await handshake(query, json.dumps(update))
+    assert first is None and session.config.instructions == "Be brief."
+    assert events.kinds() == ["session.created", "session.updated"]
+
+
+async def test_a_top_level_flat_update_is_its_own_session_object() -> None:
+    session, _, _ = await handshake({}, json.dumps({"type": "session.update", "model": "tiny",
+                                                    "instructions": "flat"}))
+    assert session.config.instructions == "flat"
+
+
+async def test_any_other_first_event_opens_a_default_session_then_is_handled() -> None:
+    append = {"type": "input_audio_buffer.append", "audio": pcm16_b64(0.2, 0.1)}
+    session, first, events = await handshake({"autostart": "off"}, json.dumps(append))
+    assert first == append and events.kinds() == ["session.created", "session.updated"]
+    await session.handle(first)
+    assert session.input.timeline == 3200
+
+
+@pytest.mark.parametrize(("query", "texts", "code"), [
+    ({}, (), "config_timeout"),
+    ({}, ("{not json",), "invalid_json"),
+    ({}, ("[1, 2]",), "bad_event"),
+    ({}, (None,), "bad_event"),
+    ({"autostart": "sometimes"}, (), "bad_event"),
+    ({}, ('{"type": "session.resume", "session_id": "duplex-x", "resume_token": "t"}',),
+     "unsupported_session_resume"),
+    ({}, ('{"type": "session.update", "session": {"input_audio_format": "mp3"}}',), "invalid_session_config"),
+])
+async def test_every_handshake_failure_is_one_fatal_error(query: dict, texts: tuple, code: str) -> None:
+    with pytest.raises(ProtocolError) as problem:
+        await handshake(query, *texts)
+    assert problem.value.code == code and close_code(problem.value) == 1008
+
+
+async def test_a_session_opened_by_handshake_ends_with_its_work() -> None:
+    session, _, _ = await handshake({"model": "tiny"})
+    await session.close()
+    assert not asyncio.all_tasks() - {asyncio.current_task()}

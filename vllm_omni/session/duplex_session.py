@@ -1,0 +1,95 @@
+"""A duplex-lane session (docs/realtime-api.md §13) for a turn-based model such as Qwen3-Omni.
+
+It takes the turn session's parts as they are (input keeps streaming while an answer plays,
+server VAD, barge-in and deferral by overlap policy, playback acks) and differs where the
+duplex lane does: it is opened by its first `session.update` (or by autostart) instead of at
+accept, it starts with 16 kHz input and no turn detection, `interrupt_response` defaults to
+true, updates are atomic, some fields are fixed at open, and it always speaks the [EXT]
+surface in the duplex lane's spelling of error codes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_omni.audio.formats import AudioFormat
+from vllm_omni.engine.interface import EngineClient
+from vllm_omni.protocol.duplex_view import duplex_view
+from vllm_omni.protocol.errors import ProtocolError
+from vllm_omni.protocol.server_event_builders import session_updated
+from vllm_omni.protocol.server_event_types import SESSION_CREATED
+from vllm_omni.protocol.server_events import event, new_id
+from vllm_omni.protocol.session_config import SessionConfig
+from vllm_omni.protocol.session_update import SessionUpdateResult
+from vllm_omni.protocol.states import Lane
+from vllm_omni.session.base import Emit, SessionOptions
+from vllm_omni.session.turn_session import TurnSession
+
+DUPLEX_INPUT = AudioFormat("pcm16", 16000)  # the duplex lane's default input (§13.2)
+REF_AUDIO_PATHS = ("ref_audio_path", "tts_ref_audio_path")
+OPEN_TIME_ONLY = ("idle_timeout_s",)  # read when the session opens; later values are ignored
+KEPT_CODES = ("model_not_found",)  # opening failures reported under their own code
+
+
+class DuplexSession(TurnSession):
+    lane = Lane.DUPLEX
+    mode = "duplex"
+
+    def capabilities(self) -> dict[str, Any]:
+        return {**super().capabilities(), "implementation_level": "turn_based_duplex",
+                "supports_multi_session": self.options.max_sessions > 1,
+                "supports_multi_session_same_replica": self.options.max_sessions > 1}
+
+    def _session_update(self, update: dict[str, Any]) -> SessionUpdateResult:
+        """Atomic, as the duplex lane's updates are: the first problem refuses it all (§13.2)."""
+        _check_model_fields(update)
+        if "ref_audio" in update:
+            raise ProtocolError("ref_audio_update_unsupported", "ref_audio can only be set when the session opens",
+                                "ref_audio")
+        result = super()._session_update({k: v for k, v in update.items() if k not in OPEN_TIME_ONLY})
+        if result.rejected:
+            raise result.rejected[0]
+        return result
+
+    def configure_opening(self, opening: dict[str, Any]) -> None:
+        """The opening session object, open-time fields included; any problem refuses the open."""
+        result = super()._session_update(opening)
+        if result.rejected:
+            problem = result.rejected[0]
+            if problem.code in KEPT_CODES:
+                raise problem
+            raise ProtocolError("invalid_session_config", f"{problem.code}: {problem.message}", problem.param)
+        self.config = result.config
+        self.input.configure(self.config.turn_detection)
+
+
+def _check_model_fields(opening: dict[str, Any]) -> None:
+    """What this model cannot take on the duplex lane (a turn-based model has no voice cloning)."""
+    for key in REF_AUDIO_PATHS:
+        if key in opening:
+            raise ProtocolError("unsupported_ref_audio_path", f"{key} is not supported; send ref_audio", key)
+
+
+def open_duplex_session(engine: EngineClient, options: SessionOptions, opening: dict[str, Any],
+                        model: str, emit: Emit) -> DuplexSession:
+    """A session opened with the `opening` session object (docs/realtime-api.md §13.1):
+    session.created, then session.updated with the same object. Raises ProtocolError (the
+    connection then ends) when the object cannot open one: `model_not_found`, or
+    `invalid_session_config` naming the problem."""
+    _check_model_fields(opening)
+    if opening.get("ref_audio") is not None:
+        raise ProtocolError("invalid_duplex_runtime_config", "this model takes no ref_audio (it has no voice "
+                            "cloning); choose a voice", "ref_audio")
+    model = opening.get("model") or model
+    if model not in options.served_models:
+        raise ProtocolError("model_not_found", f"The model `{str(model)[:200]}` does not exist.", "model")
+
+    def duplex_emit(server_event: dict[str, Any]) -> None:
+        emit(duplex_view(server_event))
+
+    session = DuplexSession(engine, SessionConfig(id=new_id("duplex-"), model=model, input_format=DUPLEX_INPUT),
+                            options, duplex_emit)
+    session.configure_opening(opening)
+    duplex_emit(event(SESSION_CREATED, session=session.session_object()))
+    duplex_emit(session_updated(session=session.session_object()))
+    return session
