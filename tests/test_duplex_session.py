@@ -13,10 +13,17 @@ import pytest
 from tests.scripted_engine import Events, ScriptedEngine, pcm16_b64
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.states import Lane, SessionMode
-from vllm_omni.server.duplex_handshake import CONFIG_TIMEOUT_S, close_code, open_duplex
+from vllm_omni.server.duplex_handshake import (
+    CONFIG_TIMEOUT_S,
+    Handshake,
+    ResumeRequest,
+    autostart,
+    close_code,
+    first_message,
+)
 from vllm_omni.session.base import SessionOptions
 from vllm_omni.session.duplex_session import DuplexSession, open_duplex_session
-from vllm_omni.session.factory import DuplexRoute, SessionFactory
+from vllm_omni.session.resume_journal import ResumeRefused
 
 OPTIONS = SessionOptions(served_models=["tiny"], session_mode=SessionMode.DUPLEX, max_sessions=8)
 
@@ -97,10 +104,6 @@ async def test_errors_use_the_duplex_spelling(event: dict, code: str) -> None:
 
 # The handshake ----------------------------------------------------------------------------------
 
-def route() -> DuplexRoute:
-    return SessionFactory(ScriptedEngine(), OPTIONS).route(duplex_endpoint=True, duplex_query=None)
-
-
 def first_messages(*texts: str | None):
     """A client that sends `texts` (None: a binary frame) and then nothing."""
     queue = list(texts)
@@ -114,38 +117,43 @@ def first_messages(*texts: str | None):
     return first_text
 
 
-async def handshake(query: dict[str, str], *texts: str | None):
-    events = Events()
-    session, first = await open_duplex(route(), query, "tiny", events.append, first_messages(*texts))
-    return session, first, events
+async def handshake(query: dict[str, str], *texts: str | None) -> Handshake:
+    return autostart(query) or await first_message(query, first_messages(*texts))
 
 
-async def test_autostart_opens_at_once_from_the_model_in_the_url() -> None:
-    session, first, events = await handshake({"model": "tiny"})
-    assert isinstance(session, DuplexSession) and first is None
-    assert events.kinds() == ["session.created", "session.updated"]
+async def test_autostart_opens_with_the_model_in_the_url() -> None:
+    assert await handshake({"model": "tiny"}) == Handshake(opening={"model": "tiny"})
 
 
 @pytest.mark.parametrize("query", [{"model": "tiny", "autostart": "0"}, {"model": "tiny", "resume": "yes"}, {}])
 async def test_otherwise_the_first_session_update_opens(query: dict[str, str]) -> None:
     update = {"type": "session.update", "session": {"instructions": "Be brief.", "modalities": ["text"]}}
-    session, first, events = await handshake(query, json.dumps(update))
-    assert first is None and session.config.instructions == "Be brief."
-    assert events.kinds() == ["session.created", "session.updated"]
+    assert await handshake(query, json.dumps(update)) == Handshake(opening=update["session"])
 
 
 async def test_a_top_level_flat_update_is_its_own_session_object() -> None:
-    session, _, _ = await handshake({}, json.dumps({"type": "session.update", "model": "tiny",
-                                                    "instructions": "flat"}))
-    assert session.config.instructions == "flat"
+    flat = {"type": "session.update", "event_id": "e1", "model": "tiny", "instructions": "flat"}
+    assert (await handshake({}, json.dumps(flat))).opening == {"model": "tiny", "instructions": "flat"}
 
 
 async def test_any_other_first_event_opens_a_default_session_then_is_handled() -> None:
     append = {"type": "input_audio_buffer.append", "audio": pcm16_b64(0.2, 0.1)}
-    session, first, events = await handshake({"autostart": "off"}, json.dumps(append))
-    assert first == append and events.kinds() == ["session.created", "session.updated"]
-    await session.handle(first)
-    assert session.input.timeline == 3200
+    opened_by = await handshake({"autostart": "off"}, json.dumps(append))
+    assert opened_by == Handshake(opening={"model": None}, first=append)
+    session, events = opened(opened_by.opening)
+    await session.handle(opened_by.first)
+    assert session.input.timeline == 3200 and events.kinds() == ["session.created", "session.updated"]
+
+
+async def test_a_resume_names_the_session_its_token_and_the_last_event_seen() -> None:
+    resume = {"type": "session.resume", "session_id": "duplex-1", "resume_token": "t",
+              "last_received_server_event_seq": 7}
+    assert (await handshake({"resume": "1"}, json.dumps(resume))).resume == ResumeRequest("duplex-1", "t", 7)
+    for bad in ({"session_id": "duplex-1"}, {"session_id": "duplex-1", "resume_token": "t",
+                                              "last_received_server_event_seq": -1}):
+        with pytest.raises(ResumeRefused) as refused:
+            await handshake({}, json.dumps({"type": "session.resume", **bad}))
+        assert refused.value.event["error"]["code"] == "invalid_session_resume"
 
 
 @pytest.mark.parametrize(("query", "texts", "code"), [
@@ -154,9 +162,7 @@ async def test_any_other_first_event_opens_a_default_session_then_is_handled() -
     ({}, ("[1, 2]",), "bad_event"),
     ({}, (None,), "bad_event"),
     ({"autostart": "sometimes"}, (), "bad_event"),
-    ({}, ('{"type": "session.resume", "session_id": "duplex-x", "resume_token": "t"}',),
-     "unsupported_session_resume"),
-    ({}, ('{"type": "session.update", "session": {"input_audio_format": "mp3"}}',), "invalid_session_config"),
+    ({}, ('{"type": "session.update", "session": [1]}',), "invalid_session_config"),
 ])
 async def test_every_handshake_failure_is_one_fatal_error(query: dict, texts: tuple, code: str) -> None:
     with pytest.raises(ProtocolError) as problem:
@@ -164,7 +170,7 @@ async def test_every_handshake_failure_is_one_fatal_error(query: dict, texts: tu
     assert problem.value.code == code and close_code(problem.value) == 1008
 
 
-async def test_a_session_opened_by_handshake_ends_with_its_work() -> None:
-    session, _, _ = await handshake({"model": "tiny"})
+async def test_a_session_ends_with_its_work() -> None:
+    session, _ = opened({"model": "tiny"})
     await session.close()
     assert not asyncio.all_tasks() - {asyncio.current_task()}

@@ -1,21 +1,24 @@
 """The duplex lane against a real server on the tiny duplex deploy (docs/realtime-api.md §13):
-autostart, a manual-commit turn answered with speech, playback acks, close; and a handshake
-that fails."""
+autostart, a manual-commit turn answered with speech, playback acks, close; a handshake that
+fails; resume after a dropped socket, and every way a resume fails."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 
 import pytest
 import websockets
 
 from tests.realtime_helpers import MODEL_NAME, Client, append_events, fixture_pcm, running_server
 
+GRACE_S = 3.0
+
 
 @pytest.fixture(scope="module")
 def server(tiny_loaded):
     overrides = {"stages.1.default_sampling_params.max_tokens": 48}
-    with running_server(tiny_loaded, overrides, session_mode="duplex") as (url, engine, _):
+    with running_server(tiny_loaded, overrides, session_mode="duplex", disconnect_grace_s=GRACE_S) as (url, engine, _):
         yield url, engine
 
 
@@ -66,3 +69,106 @@ async def test_a_failed_handshake_is_one_error_then_close_1008(server) -> None:
         await client.next(timeout=10)
     assert client.ws.close_code == 1008 and client.ws.close_reason == "invalid_json"
     await client.close()
+
+
+# Resume (docs/realtime-api.md §13.6) ------------------------------------------------------------
+
+async def start_turn(url: str) -> tuple[Client, dict]:
+    """An autostarted session asked to answer speech; returns the client and session.created."""
+    client = await Client.open(f"{url}/v1/realtime?model={MODEL_NAME}", extensions=False)
+    created = await client.next()
+    assert created["type"] == "session.created" and "server_event_seq" not in created
+    await client.send_all(append_events(fixture_pcm("speech_en_single.wav")))
+    await client.send({"type": "input_audio_buffer.commit"})
+    await client.send({"type": "response.create"})
+    return client, created
+
+
+def audio_of(events: list[dict]) -> bytes:
+    return b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
+
+
+async def resume(url: str, session_id: str, token: str, last_seq: int) -> Client:
+    client = await Client.open(f"{url}/v1/realtime?resume=1", extensions=False)
+    await client.send({"type": "session.resume", "session_id": session_id, "resume_token": token,
+                       "last_received_server_event_seq": last_seq})
+    return client
+
+
+async def test_a_dropped_socket_resumes_with_every_missed_event_once(server) -> None:
+    url, _ = server
+    reference, _ = await start_turn(url)
+    expected_audio = audio_of(await until(reference, "response.done"))
+    await reference.close()
+
+    client, created = await start_turn(url)
+    before = await until(client, "response.output_audio.delta")
+    client.ws.transport.abort()  # no close frame: the network went away mid-answer
+    await client.close()
+    last_seq = before[-1]["server_event_seq"]
+    again = await resume(url, created["session"]["id"], created["resume_token"], last_seq)
+    resumed = await again.next()
+    assert resumed["type"] == "session.resumed" and resumed["attachment_generation"] == 2
+    assert resumed["resume_token"] != created["resume_token"] and "server_event_seq" not in resumed
+    after = await until(again, "response.done")
+    seqs = [e["server_event_seq"] for e in before + after]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # every event once, none missing
+    assert audio_of(before) + audio_of(after) == expected_audio and expected_audio
+    await again.send({"type": "session.event_ack", "server_event_seq": seqs[-1] + 100})
+    ack_error = (await until(again, "error"))[-1]
+    assert ack_error["error"]["code"] == "invalid_event_ack" and "server_event_seq" not in ack_error
+    await again.close()
+
+    stale = await resume(url, created["session"]["id"], created["resume_token"], 0)  # the rotated token
+    assert (await stale.next())["error"]["code"] == "invalid_resume_token"
+    with pytest.raises(websockets.exceptions.ConnectionClosed):
+        await stale.next(timeout=10)
+    assert (stale.ws.close_code, stale.ws.close_reason) == (1008, "invalid_resume_token")
+    await stale.close()
+
+
+async def test_a_second_socket_replaces_the_first(server) -> None:
+    url, _ = server
+    first, created = await start_turn(url)
+    second = await resume(url, created["session"]["id"], created["resume_token"], 0)
+    assert (await second.next())["type"] == "session.resumed"
+    replaced = (await until(first, "session.replaced"))[-1]
+    assert (replaced["session_id"], replaced["attachment_generation"]) == (created["session"]["id"], 1)
+    await asyncio.wait_for(first.ws.wait_closed(), 10)
+    assert (first.ws.close_code, first.ws.close_reason) == (1000, "session_replaced")
+    replayed = await until(second, "response.done")  # from the first event on: nothing was acked
+    assert replayed[0]["server_event_seq"] == 1 and replayed[-1]["response"]["status"] == "completed"
+    await second.send({"type": "session.close"})
+    await until(second, "session.closed")
+    await second.close()
+    await first.close()
+
+
+@pytest.mark.parametrize(("session_id", "token", "seq", "code"), [
+    ("duplex-unknown", "token", 0, "session_resume_expired"),
+    (None, "wrong-token", 0, "invalid_resume_token"),
+    (None, None, 10_000, "session_resume_conflict"),
+])
+async def test_every_resume_failure_has_its_error(server, session_id, token, seq, code) -> None:
+    url, _ = server
+    client = await Client.open(f"{url}/v1/realtime?model={MODEL_NAME}", extensions=False)
+    created = await client.next()
+    failing = await resume(url, session_id or created["session"]["id"], token or created["resume_token"], seq)
+    assert (await failing.next())["error"]["code"] == code
+    with pytest.raises(websockets.exceptions.ConnectionClosed):
+        await failing.next(timeout=10)
+    assert failing.ws.close_code == 1008
+    await failing.close()
+    await client.close()
+
+
+async def test_a_detached_session_ends_after_its_grace(server) -> None:
+    url, engine = server
+    client, created = await start_turn(url)
+    await until(client, "response.done")
+    await client.close()
+    await asyncio.sleep(GRACE_S + 1.5)
+    late = await resume(url, created["session"]["id"], created["resume_token"], 0)
+    assert (await late.next())["error"]["code"] == "session_resume_expired"
+    await late.close()
+    assert engine.num_active_requests() == 0

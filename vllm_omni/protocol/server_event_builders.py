@@ -28,6 +28,20 @@ def session_closed(*, session_id: str, reason: str) -> Wire:
     return event(kinds.SESSION_CLOSED, session_id=session_id, reason=reason, event={})
 
 
+def session_expired(*, session_id: str, reason: str) -> Wire:
+    return event(kinds.SESSION_EXPIRED, session_id=session_id, reason=reason)
+
+
+def session_resumed(*, session_id: str, session: dict[str, Any], attachment_generation: int,
+                    resume_token: str) -> Wire:
+    return event(kinds.SESSION_RESUMED, session_id=session_id, session=session,
+                 attachment_generation=attachment_generation, resume_token=resume_token)
+
+
+def session_replaced(*, session_id: str, attachment_generation: int) -> Wire:
+    return event(kinds.SESSION_REPLACED, session_id=session_id, attachment_generation=attachment_generation)
+
+
 def heartbeat_ack(*, session_id: str) -> Wire:
     return event(kinds.SESSION_HEARTBEAT_ACK, session_id=session_id)
 

@@ -15,13 +15,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from vllm_omni.engine.interface import ServedEngine
 from vllm_omni.metrics import prometheus as metrics
 from vllm_omni.server.auth import UNAUTHORIZED, authorized
+from vllm_omni.server.duplex_registry import DuplexRegistry
 from vllm_omni.server.realtime import RealtimeConnection
 from vllm_omni.server.settings import ServerSettings
+from vllm_omni.server.slots import SessionSlots
 from vllm_omni.session.factory import SessionFactory
 
 
 def create_app(engine: ServedEngine, settings: ServerSettings) -> FastAPI:
-    sessions = [0]  # open realtime sessions (one event loop: a plain counter is enough)
+    slots = SessionSlots(settings.max_sessions)
+    duplex_sessions = DuplexRegistry(settings.disconnect_grace_s)
     created = int(time.time())
     factory = SessionFactory(engine, settings.session_options())
 
@@ -31,6 +34,7 @@ def create_app(engine: ServedEngine, settings: ServerSettings) -> FastAPI:
         metrics.STAGE_ACTIVE_REQUESTS.source = engine.active_requests_by_stage
         app.state.loop = asyncio.get_running_loop()
         yield
+        await duplex_sessions.close()
         metrics.STAGE_QUEUES.source = None
         metrics.STAGE_ACTIVE_REQUESTS.source = None
         engine.shutdown()
@@ -50,7 +54,7 @@ def create_app(engine: ServedEngine, settings: ServerSettings) -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         dead = engine.unhealthy_stages()
-        body = {"status": "error" if dead else "ok", "active_sessions": sessions[0],
+        body = {"status": "error" if dead else "ok", "active_sessions": slots.open,
                 "active_requests": engine.num_active_requests(),
                 "stage_active_requests": engine.active_requests_by_stage(), "dead_stages": dead}
         return JSONResponse(body, status_code=503 if dead else 200)
@@ -67,10 +71,10 @@ def create_app(engine: ServedEngine, settings: ServerSettings) -> FastAPI:
 
     @app.websocket("/v1/realtime")
     async def realtime(websocket: WebSocket) -> None:
-        await RealtimeConnection(websocket, factory, settings, sessions).serve()
+        await RealtimeConnection(websocket, factory, settings, slots, duplex_sessions).serve()
 
     @app.websocket("/v1/duplex")
     async def duplex(websocket: WebSocket) -> None:
-        await RealtimeConnection(websocket, factory, settings, sessions, duplex_endpoint=True).serve()
+        await RealtimeConnection(websocket, factory, settings, slots, duplex_sessions, duplex_endpoint=True).serve()
 
     return app

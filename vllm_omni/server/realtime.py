@@ -14,13 +14,13 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import WebSocket
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketState
 
-from vllm_omni.metrics import prometheus as metrics
 from vllm_omni.protocol.client_events import canonical_type, client_event_id, parse_client_event
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.frames import decode_client_frame
@@ -29,11 +29,15 @@ from vllm_omni.protocol.server_event_builders import session_closed
 from vllm_omni.protocol.server_events import error_event, flat_error
 from vllm_omni.protocol.states import Lane
 from vllm_omni.server.auth import UNAUTHORIZED, authorized
-from vllm_omni.server.duplex_handshake import close_code, open_duplex, wait_for_text
+from vllm_omni.server.duplex_handshake import NEEDS_OPENING_FIELDS, autostart, close_code, first_message, wait_for_text
+from vllm_omni.server.duplex_link import DuplexLink
+from vllm_omni.server.duplex_registry import DuplexRegistry
 from vllm_omni.server.outbox import Outbox
 from vllm_omni.server.settings import ServerSettings
+from vllm_omni.server.slots import SessionSlots
 from vllm_omni.session.base import RealtimeSession
 from vllm_omni.session.factory import DuplexRoute, SessionFactory, SessionRefused
+from vllm_omni.session.resume_journal import ResumeRefused
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +48,14 @@ MAX_CLOSE_REASON_BYTES = 123  # what a WebSocket close frame can carry
 
 class RealtimeConnection:
     def __init__(self, websocket: WebSocket, factory: SessionFactory, settings: ServerSettings,
-                 sessions: list[int], *, duplex_endpoint: bool = False):
+                 slots: SessionSlots, duplex_sessions: DuplexRegistry, *, duplex_endpoint: bool = False):
         self.websocket, self.factory, self.settings = websocket, factory, settings
-        self._sessions = sessions  # shared one-element counter of open sessions
+        self.slots, self.duplex_sessions = slots, duplex_sessions
         self.duplex_endpoint = duplex_endpoint  # came by /v1/duplex
         self.outbox: Outbox | None = None
         self.session: RealtimeSession | None = None
-        self._holds_slot = False  # counted in `sessions`
+        self._release_slot: Callable[[], None] = lambda: None  # a turn session's slot
+        self.duplex: DuplexLink | None = None  # the duplex session this connection serves
         self._close_reason = "session_ended"
         self._close_code = 1000
         self._work_stopped = False
@@ -81,23 +86,27 @@ class RealtimeConnection:
                 "model_not_found", f"The model `{model[:200]}` does not exist.", "model"))))
             await ws.close(1008, "model_not_found")
             return
-        if self._sessions[0] >= self.settings.max_sessions:
+        if isinstance(route, DuplexRoute):
+            self.outbox = Outbox(ws, self.settings.send_timeout_s)
+            await self._run(self._open_duplex(route, model))
+            return
+        release = self.slots.take()
+        if release is None:
             await ws.send_text(json.dumps(error_event(ProtocolError(
                 "resource_exhausted", f"session_capacity_exhausted: limit={self.settings.max_sessions}"))))
             await ws.close(1013, "resource_exhausted")
             return
-        self._sessions[0] += 1
-        self._holds_slot = True
-        metrics.ACTIVE_SESSIONS.inc()
-        metrics.SESSIONS_TOTAL.inc()
+        self._release_slot = release
+        self.outbox = Outbox(ws, self.settings.send_timeout_s)
+        self.session = route(model, self.outbox.put, self.extensions)
+        await self._run(None)
+
+    async def _run(self, opening: Awaitable[bool] | None) -> None:
+        """The session's life on this connection: its opening (duplex), the receive loop, and the
+        teardown however it ends."""
         try:
-            self.outbox = Outbox(ws, self.settings.send_timeout_s)
-            if isinstance(route, DuplexRoute):
-                if not await self._open_duplex(route, model):
-                    return
-            else:
-                self.session = route(model, self.outbox.put, self.extensions)
-            await self._receive_loop()
+            if opening is None or await opening:
+                await self._receive_loop()
         except Exception:  # a bug of ours: the session still ends cleanly below
             logger.exception("realtime session failed")
             self._close_reason = "internal_error"
@@ -105,31 +114,53 @@ class RealtimeConnection:
             await self._teardown()
 
     async def _open_duplex(self, route: DuplexRoute, model: str) -> bool:
-        """The duplex handshake; False when it failed (its error sent, the close code set). The
-        duplex lane always has the extension surface (docs/realtime-api.md §13)."""
+        """The duplex handshake (docs/realtime-api.md §13.1): open or resume; False when it failed
+        (its error sent, the close code set). The duplex lane always has the extension surface."""
         self.extensions = True
+        self.duplex = DuplexLink(self.duplex_sessions, self.slots, self.outbox,
+                                 on_replaced=lambda: asyncio.ensure_future(self.outbox.flush_and_stop()))
         query = dict(self.websocket.query_params)
         try:
-            self.session, first = await open_duplex(route, query, model, self.outbox.put,
-                                                    lambda timeout: wait_for_text(self.websocket.receive, timeout))
+            handshake = autostart(query)
+            if handshake is not None:
+                try:
+                    self.duplex.open(route, handshake, model)
+                except ProtocolError as problem:
+                    if problem.code not in NEEDS_OPENING_FIELDS:
+                        raise
+                    handshake = None
+            if handshake is None:
+                handshake = await first_message(query, lambda t: wait_for_text(self.websocket.receive, t))
+                if handshake.resume is not None:
+                    self.duplex.resume(handshake.resume)
+                else:
+                    self.duplex.open(route, handshake, model)
         except ConnectionError:
             self._close_reason = "disconnect"
+            return False
+        except ResumeRefused as refused:
+            self.outbox.put(refused.event)
+            self._close_reason, self._close_code = refused.close_reason, refused.close_code
             return False
         except ProtocolError as problem:
             self.outbox.put(error_event(problem))
             self._close_reason, self._close_code = problem.code, close_code(problem)
             return False
-        if first is not None:
-            await self.session.handle(first)
+        self.session = self.duplex.session
+        if handshake.first is not None:
+            await self.session.handle(handshake.first)
         return True
 
     async def _stop_work(self) -> None:
         """Cancel everything the session started, once (bounded: a stuck engine call cannot
-        keep the slot). `_end` stops it early and `_teardown` runs after every session."""
+        keep the slot). `_end` stops it early and `_teardown` runs after every session. A
+        duplex session is not the connection's to stop: it is detached (§13.4)."""
         if self._work_stopped:
             return
         self._work_stopped = True
-        if self.session is not None:
+        if self.duplex is not None:
+            self.duplex.connection_gone()
+        elif self.session is not None:
             try:
                 await asyncio.wait_for(self.session.close(), STOP_TIMEOUT_S)
             except Exception:
@@ -147,18 +178,13 @@ class RealtimeConnection:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.websocket.close(self._close_code, reason), CLOSE_TIMEOUT_S)
 
-    def _release_slot(self) -> None:
-        """Free this connection's session slot (once)."""
-        if self._holds_slot:
-            self._holds_slot = False
-            self._sessions[0] -= 1
-            metrics.ACTIVE_SESSIONS.dec()
-
     async def _end(self, reason: str) -> None:
         """Terminal: the session's work is cancelled and its slot freed before `session.closed`
         goes out ([EXT]: GA lane with extensions; otherwise the socket just closes, with the
         reason), so a client may open its next session at once. The socket is closed by
         `_teardown`."""
+        if self.duplex is not None:
+            await self.duplex.end(reason)
         await self._stop_work()
         self._release_slot()
         self._close_reason = reason
@@ -190,10 +216,13 @@ class RealtimeConnection:
             try:
                 message = await self._next_message(min(idle, remaining))
             except asyncio.TimeoutError:
+                if idle <= remaining and self.duplex is not None:  # a silent socket: detach (§13.4)
+                    self._close_reason = "idle_timeout"
+                    return
                 await self._end("idle_timeout" if idle <= remaining else "max_duration")
                 return
             if message is None or message["type"] == "websocket.disconnect":
-                self._close_reason = "disconnect"
+                self._close_reason = "session_replaced" if self.duplex and self.duplex.replaced else "disconnect"
                 return
             text = message.get("text")
             try:
@@ -201,7 +230,9 @@ class RealtimeConnection:
                     raise ProtocolError("bad_event", "binary frames are not supported")
                 raw = decode_client_frame(text)
             except ProtocolError as exc:
-                self.session.report(exc)
+                self._report_transport(exc)
+                continue
+            if self.duplex is not None and self._duplex_control(raw):
                 continue
             if canonical_type(raw["type"]) == "session.close" and self.session.lane is not Lane.LEGACY:
                 if await self._close_requested(raw):
@@ -209,6 +240,25 @@ class RealtimeConnection:
                 continue
             await self.session.handle(raw)
             await self.outbox.wait_writable()
+
+    def _report_transport(self, problem: ProtocolError) -> None:
+        """A frame that did not decode: the duplex lane does not journal such errors."""
+        if self.duplex is not None:
+            self.duplex.report(problem)
+        else:
+            self.session.report(problem)
+
+    def _duplex_control(self, raw: dict[str, Any]) -> bool:
+        """The duplex lane's connection-level events (docs/realtime-api.md §13.4); True if `raw`
+        was one."""
+        if raw["type"] == "session.event_ack":
+            self.duplex.acknowledge(raw)
+            return True
+        if raw["type"] == "session.resume":
+            self.duplex.report(ProtocolError("unsupported_session_resume", "session.resume must be the first "
+                                             "message of a new connection"), client_event_id(raw))
+            return True
+        return False
 
     async def _close_requested(self, raw: dict[str, Any]) -> bool:
         """A session.close: True when the session ended, False when the event was invalid."""

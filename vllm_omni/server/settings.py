@@ -21,6 +21,7 @@ class ServerSettings:
     send_timeout_s: float = 30.0  # a client that takes no event for this long is dropped
     max_history_audio_s: float = DEFAULT_MAX_HISTORY_AUDIO_S  # user speech a conversation keeps
     protect_metrics: bool = False  # /metrics needs the API key too
+    disconnect_grace_s: float = 30.0  # a detached duplex session waits this long for a resume
     session_mode: str = "turn"  # the deploy's session_mode: which sessions /v1/realtime and /v1/duplex open
     # server-VAD values (threshold, silence_duration_ms, prefix_padding_ms) for clients that turn
     # server_vad on without them; what is missing keeps the built-in 0.5 / 500 / 300

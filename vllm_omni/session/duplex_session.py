@@ -10,6 +10,7 @@ surface in the duplex lane's spelling of error codes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from vllm_omni.audio.formats import AudioFormat
@@ -37,6 +38,7 @@ class DuplexSession(TurnSession):
 
     def capabilities(self) -> dict[str, Any]:
         return {**super().capabilities(), "implementation_level": "turn_based_duplex",
+                "supports_session_resume": True, "supports_session_lease": True,
                 "supports_multi_session": self.options.max_sessions > 1,
                 "supports_multi_session_same_replica": self.options.max_sessions > 1}
 
@@ -71,7 +73,8 @@ def _check_model_fields(opening: dict[str, Any]) -> None:
 
 
 def open_duplex_session(engine: EngineClient, options: SessionOptions, opening: dict[str, Any],
-                        model: str, emit: Emit) -> DuplexSession:
+                        model: str, emit: Emit, *, session_id: str | None = None,
+                        created_fields: Mapping[str, Any] | None = None) -> DuplexSession:
     """A session opened with the `opening` session object (docs/realtime-api.md §13.1):
     session.created, then session.updated with the same object. Raises ProtocolError (the
     connection then ends) when the object cannot open one: `model_not_found`, or
@@ -87,9 +90,10 @@ def open_duplex_session(engine: EngineClient, options: SessionOptions, opening: 
     def duplex_emit(server_event: dict[str, Any]) -> None:
         emit(duplex_view(server_event))
 
-    session = DuplexSession(engine, SessionConfig(id=new_id("duplex-"), model=model, input_format=DUPLEX_INPUT),
-                            options, duplex_emit)
+    config = SessionConfig(id=session_id or new_id("duplex-"), model=model, input_format=DUPLEX_INPUT)
+    session = DuplexSession(engine, config, options, duplex_emit)
     session.configure_opening(opening)
-    duplex_emit(event(SESSION_CREATED, session=session.session_object()))
+    # resume credentials (attachment_generation, resume_token) ride on session.created only
+    duplex_emit(event(SESSION_CREATED, session=session.session_object(), **(created_fields or {})))
     duplex_emit(session_updated(session=session.session_object()))
     return session

@@ -14,7 +14,7 @@ from vllm_omni.protocol.server_events import new_id, session_created
 from vllm_omni.protocol.session_config import SessionConfig, TurnDetection
 from vllm_omni.protocol.states import SessionMode
 from vllm_omni.session.base import Emit, RealtimeSession, SessionOptions, ga_only
-from vllm_omni.session.duplex_session import open_duplex_session
+from vllm_omni.session.duplex_session import DuplexSession, open_duplex_session
 from vllm_omni.session.legacy_session import LegacySession
 from vllm_omni.session.turn_lanes import TurnLanes
 from vllm_omni.session.turn_session import TurnSession
@@ -27,7 +27,8 @@ class DuplexRoute:
     """The duplex lane: no session exists at accept. The connection's handshake opens one with
     its autostart `{"model": …}` or first session object (docs/realtime-api.md §13.1)."""
 
-    open: Callable[[dict[str, Any], str, Emit], RealtimeSession]  # (opening, default model, emit)
+    # (opening session object, default model, emit, session id, extra session.created fields)
+    open: Callable[[dict[str, Any], str, Emit, str, dict[str, Any]], DuplexSession]
 
 
 class SessionRefused(Exception):
@@ -57,8 +58,8 @@ class SessionFactory:
             return self._open_turn
         if not duplex_endpoint and duplex_asked is False:
             raise SessionRefused("Realtime API is not available")
-        return DuplexRoute(lambda opening, model, emit: open_duplex_session(self.engine, self.options, opening,
-                                                                            model, emit))
+        return DuplexRoute(lambda opening, model, emit, session_id, created: open_duplex_session(
+            self.engine, self.options, opening, model, emit, session_id=session_id, created_fields=created))
 
     def _open_turn(self, model: str, emit: Emit, extensions: bool) -> RealtimeSession:
         """A turn-mode session: GA lane, or legacy if the client's first events ask for it;

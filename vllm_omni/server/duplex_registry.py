@@ -1,0 +1,110 @@
+"""Duplex sessions outlive their connections (docs/realtime-api.md §13.4).
+
+Each open duplex session has an entry here: its replay journal and resume credentials, the
+connection it sends to now (`sink`; None while detached), and the slot it holds. A session
+whose socket goes away keeps generating into its journal for `grace_s`; a `session.resume`
+within that time attaches a new connection, otherwise the session expires and ends. The
+registry is process-local, as resume credentials are (hence the single API worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_omni.protocol.server_event_builders import session_expired
+from vllm_omni.session.base import Emit
+from vllm_omni.session.duplex_session import DuplexSession
+from vllm_omni.session.resume_journal import ResumeCredentials, ResumeJournal
+
+logger = logging.getLogger(__name__)
+
+DISCONNECT_GRACE_S = 30.0
+STOP_TIMEOUT_S = 10.0
+
+
+@dataclass(eq=False)
+class DuplexEntry:
+    session_id: str
+    journal: ResumeJournal
+    release: Callable[[], None]  # frees the session's slot
+    credentials: ResumeCredentials = field(default_factory=ResumeCredentials)
+    session: DuplexSession | None = None
+    sink: Emit | None = None  # the attached connection's outbox
+    replaced: Callable[[int], None] | None = None  # tells that connection it was replaced
+    grace: asyncio.TimerHandle | None = None
+    ended: bool = False
+
+    def emit(self, event: dict[str, Any]) -> None:
+        """The session's emit: journaled (and stamped), then sent if a connection is attached."""
+        for wire in self.journal.stamp(event):
+            if self.sink is not None:
+                self.sink(wire)
+
+
+class DuplexRegistry:
+    def __init__(self, grace_s: float = DISCONNECT_GRACE_S):
+        self.grace_s = grace_s
+        self._entries: dict[str, DuplexEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def create(self, session_id: str, release: Callable[[], None]) -> DuplexEntry:
+        entry = DuplexEntry(session_id, ResumeJournal(session_id), release)
+        self._entries[session_id] = entry
+        return entry
+
+    def get(self, session_id: str) -> DuplexEntry | None:
+        entry = self._entries.get(session_id)
+        return None if entry is None or entry.ended else entry
+
+    def attach(self, entry: DuplexEntry, sink: Emit, replaced: Callable[[int], None]) -> None:
+        """`sink` receives the session's events from now on; a connection still attached is told
+        it was replaced (with its own generation)."""
+        if entry.grace is not None:
+            entry.grace.cancel()
+            entry.grace = None
+        if entry.replaced is not None:
+            entry.replaced(entry.credentials.attachment_generation - 1)
+        entry.sink, entry.replaced = sink, replaced
+
+    def detach(self, entry: DuplexEntry, sink: Emit) -> None:
+        """The connection behind `sink` went away: the session runs on, journaling, until a
+        resume or the end of its grace."""
+        if entry.sink != sink or entry.ended:  # bound methods: equal, not identical
+            return
+        entry.sink = entry.replaced = None
+        entry.grace = asyncio.get_running_loop().call_later(
+            self.grace_s, lambda: asyncio.ensure_future(self.end(entry, "disconnect_grace_expired", expired=True)))
+
+    def discard(self, entry: DuplexEntry) -> None:
+        """An entry whose session never opened: gone, its slot free."""
+        entry.ended = True
+        self._entries.pop(entry.session_id, None)
+        entry.release()
+
+    async def end(self, entry: DuplexEntry, reason: str, *, expired: bool = False) -> None:
+        """The session ends (once): its work stops, its slot frees, its entry goes."""
+        if entry.ended:
+            return
+        entry.ended = True
+        if entry.grace is not None:
+            entry.grace.cancel()
+        if expired:
+            entry.emit(session_expired(session_id=entry.session_id, reason=reason))
+        self._entries.pop(entry.session_id, None)
+        if entry.session is not None:
+            try:
+                await asyncio.wait_for(entry.session.close(), STOP_TIMEOUT_S)
+            except Exception:
+                logger.exception("stopping duplex session %s failed", entry.session_id)
+        entry.release()
+
+    async def close(self) -> None:
+        """The server stops: every session ends."""
+        for entry in list(self._entries.values()):
+            await self.end(entry, "server_shutdown")
