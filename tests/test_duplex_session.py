@@ -102,6 +102,50 @@ async def test_errors_use_the_duplex_spelling(event: dict, code: str) -> None:
     assert events.errors() == [code]
 
 
+# The playback ledger (docs/realtime-api.md §13.5) ------------------------------------------------
+
+async def answered(policy: str) -> tuple[DuplexSession, ScriptedEngine, Events, str]:
+    events, engine = Events(), ScriptedEngine()
+    session = open_duplex_session(engine, OPTIONS, {"playback_commit_policy": policy}, "tiny", events.append)
+    await session.handle({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi?"}]}})
+    await session.handle({"type": "response.create"})
+    done = (await events.wait("response.done"))["response"]
+    return session, engine, events, done["id"]
+
+
+async def history_text(session: DuplexSession, events: Events, response_id: str) -> str:
+    await session.handle({"type": "conversation.item.retrieve", "item_id": f"item_{response_id}"})
+    return events.last("conversation.item.retrieved")["item"]["content"][0]["transcript"]
+
+
+async def test_ack_only_keeps_the_answer_out_of_the_history_until_acks_cover_its_audio() -> None:
+    session, engine, events, response_id = await answered("ack_only")
+    audio_ms = session.items.get(f"item_{response_id}").audio_duration_ms
+    assert session.session_object()["playback_commit_policy"] == "ack_only" and audio_ms > 0
+    assert events.last("response.done")["vllm_omni"]["committed"] is False
+    assert await history_text(session, events, response_id) == ""
+    await session.handle({"type": "playback.ack", "response_id": response_id, "played_ms": audio_ms // 2})
+    assert events.last("playback.acknowledged")["event"]["history_committed"] is False
+    assert await history_text(session, events, response_id) == ""
+    await session.handle({"type": "response.create"})  # the unheard answer is not in the next prompt
+    await events.wait("response.done", count=2)
+    assert [m.role for m in engine.requests[1].messages] == ["user"]
+    await session.handle({"type": "playback.ack", "response_id": response_id, "played_ms": audio_ms})
+    assert events.last("playback.acknowledged")["event"]["history_committed"] is True
+    assert await history_text(session, events, response_id) == "Hello there."
+
+
+async def test_commit_all_on_done_writes_the_answer_when_it_completes() -> None:
+    session, _, events, response_id = await answered("commit_all_on_done")
+    assert events.last("response.done")["vllm_omni"]["committed"] is True
+    assert await history_text(session, events, response_id) == "Hello there."
+
+
+async def test_an_unknown_playback_policy_refuses_the_opening() -> None:
+    assert refused({"playback_commit_policy": "sometimes"}).code == "invalid_session_config"
+
+
 # The handshake ----------------------------------------------------------------------------------
 
 def first_messages(*texts: str | None):

@@ -26,6 +26,12 @@ async def until(client: Client, kind: str) -> list[dict]:
     return await client.until(kind, timeout=120)
 
 
+async def history_of(client: Client, response_id: str) -> str:
+    """The assistant item's transcript as the conversation history holds it."""
+    await client.send({"type": "conversation.item.retrieve", "item_id": f"item_{response_id}"})
+    return (await until(client, "conversation.item.retrieved"))[-1]["item"]["content"][0]["transcript"]
+
+
 async def test_a_duplex_session_opens_by_autostart_answers_a_turn_and_closes(server) -> None:
     url, engine = server
     client = await Client.open(f"{url}/v1/realtime?model={MODEL_NAME}", extensions=False)
@@ -44,13 +50,13 @@ async def test_a_duplex_session_opens_by_autostart_answers_a_turn_and_closes(ser
     done = turn[-1]["response"]
     assert done["status"] == "completed" and "error" not in [e["type"] for e in turn]
     audio_ms = max(e["vllm_omni"]["audio_duration_ms"] for e in turn if e["type"] == "response.output_audio.delta")
+    spoken = done["output"][0]["content"][0]["transcript"]
+    assert spoken and await history_of(client, done["id"]) == ""  # ack_only: nothing heard yet
     await client.send({"type": "playback.ack", "response_id": done["id"], "item_id": f"item_{done['id']}",
                        "played_ms": audio_ms})
     acked = (await until(client, "playback.acknowledged"))[-1]["event"]
-    assert (acked["item_id"], acked["played_ms"]) == (f"item_{done['id']}", audio_ms)
-    await client.send({"type": "conversation.item.retrieve", "item_id": f"item_{done['id']}"})
-    retrieved = (await until(client, "conversation.item.retrieved"))[-1]["item"]
-    assert retrieved["role"] == "assistant" and retrieved["status"] == "completed"
+    assert (acked["item_id"], acked["played_ms"], acked["history_committed"]) == (f"item_{done['id']}", audio_ms, True)
+    assert await history_of(client, done["id"]) == spoken
     await client.send({"type": "session.close"})
     closed = (await until(client, "session.closed"))[-1]
     assert closed["session_id"] == created["session"]["id"]
@@ -71,7 +77,7 @@ async def test_a_failed_handshake_is_one_error_then_close_1008(server) -> None:
     await client.close()
 
 
-# Resume (docs/realtime-api.md §13.6) ------------------------------------------------------------
+# Resume (docs/realtime-api.md §13.4) ------------------------------------------------------------
 
 async def start_turn(url: str) -> tuple[Client, dict]:
     """An autostarted session asked to answer speech; returns the client and session.created."""

@@ -22,7 +22,7 @@ def session_update(session: ce.SessionSettings) -> dict[str, Any]:
 
 def input_audio_append(pcm: bytes, video_frames: Sequence[str] | None = None,
                        sample_rate_hz: int | None = None) -> dict[str, Any]:
-    """`video_frames`: bare base64 images bound to this append (docs/realtime-api.md §13.6);
+    """`video_frames`: bare base64 images bound to this append (docs/realtime-api.md §13.7);
     `sample_rate_hz`: the PCM's rate, if not the session's."""
     extra: dict[str, Any] = {} if video_frames is None else {"video_frames": list(video_frames)}
     if sample_rate_hz is not None:
@@ -47,3 +47,22 @@ def playback_ack(response_id: str, played_ms: int) -> dict[str, Any]:
 
 def session_close() -> dict[str, Any]:
     return wire(ce.SessionClose(type="session.close"))
+
+
+def image_message(image_url: str) -> dict[str, Any]:
+    """A user message holding one image (`image_url`: a data URL), docs/realtime-api.md §4.5."""
+    part = ce.ImagePart(type="input_image", image_url=image_url)
+    return wire(ce.ConversationItemCreate(type="conversation.item.create",
+                                          item=ce.ItemPayload(type="message", role="user", content=[part])))
+
+
+# Duplex lane session control (docs/realtime-api.md §13.4). The protocol has no models for
+# these: the GA lane refuses them (§4.1), the duplex connection handles them before any session.
+
+def event_ack(server_event_seq: int) -> dict[str, Any]:
+    return wire(ce.ClientEvent(type="session.event_ack", server_event_seq=server_event_seq))
+
+
+def session_resume(session_id: str, resume_token: str, last_received_server_event_seq: int) -> dict[str, Any]:
+    return wire(ce.ClientEvent(type="session.resume", session_id=session_id, resume_token=resume_token,
+                               last_received_server_event_seq=last_received_server_event_seq))

@@ -81,6 +81,7 @@ class SessionConfig(BaseModel):
     tracing: Any = None
     truncation: Any = None
     idle_timeout_s: float = 300.0
+    playback_commit_policy: Literal["commit_all_on_done", "ack_only"] = "commit_all_on_done"
     extra_body: dict[str, Any] = Field(default_factory=dict)
 
     @property
@@ -205,5 +206,5 @@ def session_object(config: SessionConfig, state: dict[str, Any]) -> dict[str, An
         "response_format": "wav" if config.output_format.name == "wav" else "pcm",
         "idle_timeout_s": config.idle_timeout_s, "overlap_policy": config.overlap_policy,
         "overlap_short_ack_ms": 700, "overlap_barge_in_ms": 1200, "overlap_silence_rms": 0.003,
-        "playback_commit_policy": "commit_all_on_done", **state,
+        "playback_commit_policy": config.playback_commit_policy, **state,
     }

@@ -41,6 +41,8 @@ MODALITIES: tuple[Path, ...] = (("modalities",), ("output_modalities",))
 TOKENS: tuple[Path, ...] = (("max_response_output_tokens",), ("max_output_tokens",), ("max_tokens",))
 TRANSCRIPTION: tuple[Path, ...] = (("audio", "input", "transcription"), ("input_audio_transcription",))
 NOISE_REDUCTION: tuple[Path, ...] = (("audio", "input", "noise_reduction"), ("input_audio_noise_reduction",))
+PLAYBACK_POLICY: tuple[Path, ...] = (("extra_body", "playback_commit_policy"), ("playback_commit_policy",))
+PLAYBACK_POLICIES = ("commit_all_on_done", "ack_only")
 STORED = ("include", "prompt", "tracing", "truncation")  # kept as sent, for the echo (§2.3)
 
 Check = Callable[[Any], object]
@@ -190,6 +192,13 @@ def _voice(value: Any) -> str | None:
     return value
 
 
+def _playback_policy(value: Any) -> str:
+    if value not in PLAYBACK_POLICIES:
+        raise ProtocolError("bad_event", "playback_commit_policy must be commit_all_on_done or ack_only",
+                            "playback_commit_policy")
+    return value
+
+
 def _setting(field: str, paths: tuple[Path, ...], parse: Callable[[Any], Any] = lambda v: v) -> Parser:
     """The parser of a group of one setting: `field` set from the first of `paths` sent."""
     def parser(u: _Update) -> dict[str, Any] | None:
@@ -233,6 +242,7 @@ GROUPS: list[tuple[str, tuple[Path, ...], Parser]] = [
     ("noise_reduction", NOISE_REDUCTION, _setting("noise_reduction", NOISE_REDUCTION)),
     ("stored", tuple((key,) for key in STORED), _stored),
     ("idle_timeout_s", (("idle_timeout_s",),), _idle_timeout),
+    ("playback_commit_policy", PLAYBACK_POLICY, _setting("playback_commit_policy", PLAYBACK_POLICY, _playback_policy)),
     (CHECKED_ONLY, (), lambda u: None),
 ]
 

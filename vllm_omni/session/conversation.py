@@ -24,9 +24,12 @@ class Item:
     transcript: str = ""  # user audio transcript (client hints; no ASR runs)
     audio_duration_ms: int = 0  # assistant audio generated
     text_cap_chars: int | None = None  # hard cap from truncation / barge-in
+    awaiting_ack: bool = False  # ack_only: spoken, but not yet acknowledged as heard (no text in history yet)
 
     @property
     def kept_text(self) -> str:
+        if self.awaiting_ack:
+            return ""
         text = self.text or ""
         return text if self.text_cap_chars is None else text[: self.text_cap_chars]
 

@@ -260,12 +260,17 @@ class ResponseRun:
         self._emit(response_done(response=self._response(status, status_details=details, output=output, usage=usage,
                                                          metadata=self.options.metadata),
                                  stage_metrics=self._stage_metrics, playback=self.playback,
-                                 committed=status is ResponseStatus.COMPLETED))
+                                 committed=status is ResponseStatus.COMPLETED and not self.awaits_ack))
         self._emit(rate_limits_updated())
         metrics.RESPONSES.labels(status=status.value).inc()
         if self._audio_samples and self._sample_rate:
             metrics.RTF.observe((time.monotonic() - self._started_at) / (self._audio_samples / self._sample_rate))
         self._on_done(self)
+
+    @property
+    def awaits_ack(self) -> bool:
+        """ack_only and audio not acknowledged in full: the text stays out of the history."""
+        return self.options.history_on_ack and self.item.audio_duration_ms > self.playback["committed_ms"]
 
     def cut_transcript(self, audio_end_ms: int) -> None:
         """Keep only the text spoken in the first `audio_end_ms` (proportional: no alignment marks)."""

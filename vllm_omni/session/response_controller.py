@@ -102,6 +102,7 @@ class ResponseController:
         while len(self.responses) > MAX_KEPT_RESPONSES:  # acks and cancels name recent responses only
             del self.responses[next(iter(self.responses))]
         completed = run.status is ResponseStatus.COMPLETED
+        run.item.awaiting_ack = completed and run.awaits_ack
         if completed:
             self._on_completed(run)
         if self._deferred and completed and self.unanswered:
@@ -163,6 +164,8 @@ class ResponseController:
         run.playback["committed_ms"] = max(run.playback["committed_ms"], committed)
         if ev.truncate:
             run.cut_transcript(committed)
+        if run.item.awaiting_ack and not run.awaits_ack:
+            run.item.awaiting_ack = False  # heard in full: the whole text enters the history
         self._acknowledged(run.item.id, played, committed, ev.truncate, run)
 
     def truncated(self, item: Item, audio_end_ms: int) -> None:
@@ -177,7 +180,9 @@ class ResponseController:
                       run: ResponseRun | None) -> None:
         self._emit(playback_acknowledged(session_id=self._config().id, epoch=self.epoch, item_id=item_id,
                                          played_ms=played, committed_ms=committed, truncate=truncate,
-                                         playback=run.playback if run else {}, history_committed=truncate))
+                                         playback=run.playback if run else {},
+                                         history_committed=truncate or (run is not None and run.done
+                                                                        and not run.item.awaiting_ack)))
 
     # End --------------------------------------------------------------------------------------
 

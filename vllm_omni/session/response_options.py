@@ -27,6 +27,9 @@ class ResponseOptions:
     metadata: dict[str, str] | None = None  # the client's (GA: strings only), echoed as given
     client_limited: bool = False  # max_output_tokens came from the client
     in_conversation: bool = True  # False for `conversation: "none"` (out-of-band answers)
+    # playback_commit_policy ack_only: the text enters the history once acks cover the audio
+    # (docs/realtime-api.md §13.5), not when the response completes
+    history_on_ack: bool = False
     tools: list[dict[str, Any]] = field(default_factory=list)  # as the engine takes them
     tool_choice: ToolChoice = "auto"
 
@@ -59,5 +62,6 @@ def response_options(config: SessionConfig, overrides: dict[str, Any], speakers:
         max_output_tokens=tokens if limited else "inf", temperature=overrides.get("temperature", config.temperature),
         metadata=None if metadata is None else dict(metadata), client_limited=limited,
         in_conversation=overrides.get("conversation") != "none",
+        history_on_ack=config.playback_commit_policy == "ack_only",
         tools=engine_tools(overrides.get("tools", config.tools), "response.tools"),
         tool_choice=engine_tool_choice(overrides.get("tool_choice", config.tool_choice), "response.tool_choice"))
