@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.scripted_engine import Events, ScriptedEngine, pcm16_b64
+from tests.scripted_engine import Audio, Events, ScriptedEngine, Text, Wait, pcm16_b64
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.states import Lane, SessionMode
 from vllm_omni.server.duplex_handshake import (
@@ -144,6 +144,77 @@ async def test_commit_all_on_done_writes_the_answer_when_it_completes() -> None:
 
 async def test_an_unknown_playback_policy_refuses_the_opening() -> None:
     assert refused({"playback_commit_policy": "sometimes"}).code == "invalid_session_config"
+
+
+# Input while an answer generates (docs/realtime-api.md §13.6) -------------------------------------
+
+def speech(seconds: float, **fields) -> dict:
+    return {"type": "input_audio_buffer.append", "audio": pcm16_b64(seconds, 0.1), **fields}
+
+
+async def answering(**opening) -> tuple[DuplexSession, ScriptedEngine, Events]:
+    """A session whose answer is still generating (it waits 1 s between two audio chunks)."""
+    events, engine = Events(), ScriptedEngine()
+    engine.script(Text("Sure."), Audio(100), Wait(1.0), Audio(100))
+    session = open_duplex_session(engine, OPTIONS, opening, "tiny", events.append)
+    await session.handle(speech(0.5))
+    await session.handle({"type": "input_audio_buffer.commit"})
+    await session.handle({"type": "response.create"})
+    await events.wait("response.output_audio.delta")
+    return session, engine, events
+
+
+async def test_speech_over_an_answer_is_kept_and_answered_after_it_under_listen_only() -> None:
+    session, engine, events = await answering(overlap_policy="listen_only")
+    await session.handle(speech(1.0))
+    decision = events.last("overlap.decision")
+    assert (decision["action"], decision["reason"], decision["metadata"]["buffer_audio"]) == \
+        ("listen", "policy_listen_only", True)
+    await session.handle({"type": "input_audio_buffer.commit", "create_response": True})
+    assert events.last("input_audio_buffer.committed")["event"]["overlap_deferred"] is True
+    second = (await events.wait("response.done", count=2))["response"]
+    assert [e["response"]["status"] for e in events.of("response.done")] == ["completed", "completed"]
+    assert second["status"] == "completed" and len(engine.requests) == 2
+
+
+async def test_a_short_back_channel_over_an_answer_starts_no_turn() -> None:
+    session, engine, events = await answering()
+    await session.handle(speech(0.4))
+    await session.handle({"type": "input_audio_buffer.commit", "create_response": True})
+    committed = events.last("input_audio_buffer.committed")
+    assert {k: committed["event"].get(k) for k in ("empty", "overlap_ack", "no_response")} == \
+        dict.fromkeys(("empty", "overlap_ack", "no_response"), True)
+    await events.wait("response.done")
+    await asyncio.sleep(0.1)
+    assert len(events.of("response.created")) == 1 and len(engine.requests) == 1
+    assert session.items.get(committed["item_id"]).to_wire()["content"] == []
+
+
+@pytest.mark.parametrize(("fields", "action", "reason", "kept"), [
+    ({"overlap_action": "drop"}, "drop", "client_overlap_action", False),
+    ({"force_listen": True}, "listen", "client_force_listen", True),
+    ({"transcript": "Yeah."}, "listen", "short_ack_transcript", False),
+    ({"is_speech": False}, "drop", "silence_or_noise", False),
+])
+async def test_each_append_over_an_answer_gets_one_decision(fields: dict, action: str, reason: str,
+                                                            kept: bool) -> None:
+    session, _, events = await answering()
+    timeline = session.input.timeline
+    await session.handle(speech(0.2, **fields))
+    decision = events.last("overlap.decision")
+    assert (decision["action"], decision["reason"]) == (action, reason)
+    assert session.input.timeline == timeline + (3200 if kept else 0)
+    assert not events.of("response.done")  # the answer goes on
+
+
+@pytest.mark.parametrize("fields", [{"force_barge_in": True}, {"overlap_action": "interrupt"}])
+async def test_a_client_barge_in_cancels_the_answer_and_keeps_the_speech(fields: dict) -> None:
+    session, _, events = await answering()
+    timeline = session.input.timeline
+    await session.handle(speech(0.2, **fields))
+    assert events.last("overlap.decision")["action"] == "barge_in"
+    done = (await events.wait("response.done"))["response"]
+    assert done["status"] == "cancelled" and session.input.timeline == timeline + 3200
 
 
 # The handshake ----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ def session_update(session: ce.SessionSettings) -> dict[str, Any]:
 
 def input_audio_append(pcm: bytes, video_frames: Sequence[str] | None = None,
                        sample_rate_hz: int | None = None) -> dict[str, Any]:
-    """`video_frames`: bare base64 images bound to this append (docs/realtime-api.md §13.7);
+    """`video_frames`: bare base64 images bound to this append (docs/realtime-api.md §13.8);
     `sample_rate_hz`: the PCM's rate, if not the session's."""
     extra: dict[str, Any] = {} if video_frames is None else {"video_frames": list(video_frames)}
     if sample_rate_hz is not None:

@@ -1,5 +1,5 @@
 """Microphone-like input: PCM16 cut into appends, optionally with camera frames bound to the
-native-duplex model units (docs/realtime-api.md §13.6)."""
+native-duplex model units (docs/realtime-api.md §13.7)."""
 
 from __future__ import annotations
 

@@ -74,6 +74,7 @@ class CommitRecord:
     epoch: int
     history_len: int  # conversation items after the commit
     deferred: bool = False  # a response was still active: the turn's response waits for it
+    flags: tuple[str, ...] = ()  # e.g. ("empty", "overlap_ack", "no_response") for a back-channel
 
 
 def audio_buffer_committed(*, previous_item_id: str | None, item_id: str,
@@ -86,6 +87,7 @@ def audio_buffer_committed(*, previous_item_id: str | None, item_id: str,
                   "realtime_item_id": item_id}
     if record.deferred:
         body.update(overlap_deferred=True, response_create_deferred=True)
+    body.update(dict.fromkeys(record.flags, True))
     return event(kinds.AUDIO_BUFFER_COMMITTED, previous_item_id=previous_item_id, item_id=item_id, event=body)
 
 

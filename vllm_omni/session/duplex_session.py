@@ -15,15 +15,19 @@ from typing import Any
 
 from vllm_omni.audio.formats import AudioFormat
 from vllm_omni.engine.interface import EngineClient
+from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.duplex_view import duplex_view
 from vllm_omni.protocol.errors import ProtocolError
-from vllm_omni.protocol.server_event_builders import session_updated
+from vllm_omni.protocol.server_event_builders import overlap_decision, session_updated
 from vllm_omni.protocol.server_event_types import SESSION_CREATED
 from vllm_omni.protocol.server_events import event, new_id
 from vllm_omni.protocol.session_config import SessionConfig
 from vllm_omni.protocol.session_update import SessionUpdateResult
 from vllm_omni.protocol.states import Lane
 from vllm_omni.session.base import Emit, SessionOptions
+from vllm_omni.session.conversation import Item
+from vllm_omni.session.input_track import SealedTurn
+from vllm_omni.session.overlap import SHORT_ACK_MS, decide
 from vllm_omni.session.turn_session import TurnSession
 
 DUPLEX_INPUT = AudioFormat("pcm16", 16000)  # the duplex lane's default input (§13.2)
@@ -35,6 +39,56 @@ KEPT_CODES = ("model_not_found",)  # opening failures reported under their own c
 class DuplexSession(TurnSession):
     lane = Lane.DUPLEX
     mode = "duplex"
+
+    def __init__(self, engine: EngineClient, config: SessionConfig, options: SessionOptions, emit: Emit):
+        super().__init__(engine, config, options, emit)
+        self._handlers["input_audio_buffer.append"] = self._append
+        self.overlap_speech_ms = 0  # speech that arrived while an answer generated, now in the buffer
+
+    # Input while an answer generates (docs/realtime-api.md §13.6) ------------------------------
+
+    def _append(self, ev: ce.InputAudioBufferAppend) -> None:
+        samples = self.input.decode(ev, self.config.input_format)
+        if self.responses.active is None:
+            self.input.take(ev, samples)
+            return
+        policy = self.config.overlap_policy
+        decision = decide(ev, samples, policy=policy, vad_on=self.input.detecting)
+        if decision is None:  # server VAD decides (TurnSession._speech_started)
+            self.input.take(ev, samples)
+            return
+        duration_ms = samples.size // 16
+        self._emit(overlap_decision(session_id=self.id, epoch=self.responses.epoch, policy=policy,
+                                    action=decision.action, reason=decision.reason,
+                                    metadata={"duration_ms": duration_ms, "buffer_audio": decision.keep}))
+        if decision.action == "barge_in":
+            self.responses.cancel_active("barge_in")
+        elif decision.keep:
+            self.overlap_speech_ms += duration_ms
+        if decision.keep:
+            self.input.take(ev, samples)
+
+    def _commit_input(self, ev: ce.InputAudioBufferCommit) -> None:
+        if self.responses.active is not None and 0 < self.overlap_speech_ms <= SHORT_ACK_MS:
+            self.input.clear()
+            self._back_channel(SealedTurn(Item(id=new_id("item_"), role="user"), 0))
+            return
+        self.overlap_speech_ms = 0
+        super()._commit_input(ev)
+
+    def _server_commit(self, sealed: SealedTurn) -> None:
+        td = self.config.turn_detection
+        speech_ms = sealed.samples / 16 - td.prefix_padding_ms - td.silence_duration_ms
+        if self.responses.active is not None and speech_ms <= SHORT_ACK_MS:
+            sealed.item.stream, sealed.item.audio_ms = None, 0
+            self._back_channel(sealed)
+            return
+        super()._server_commit(sealed)
+
+    def _back_channel(self, sealed: SealedTurn) -> None:
+        """Short speech over an answer ("mm-hm"): an empty turn that is not answered."""
+        self.overlap_speech_ms = 0
+        self._commit(sealed, flags=("empty", "overlap_ack", "no_response"))
 
     def capabilities(self) -> dict[str, Any]:
         return {**super().capabilities(), "implementation_level": "turn_based_duplex",

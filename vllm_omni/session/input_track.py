@@ -75,6 +75,11 @@ class InputTrack:
         self._judgement: asyncio.Task[None] | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
 
+    @property
+    def detecting(self) -> bool:
+        """Whether server VAD runs (turn detection on and its model loaded)."""
+        return self._vad is not None
+
     # Configuration ----------------------------------------------------------------------------
 
     def configure(self, turn_detection: TurnDetection | None) -> None:
@@ -114,7 +119,11 @@ class InputTrack:
     # Appends ---------------------------------------------------------------------------------
 
     def append(self, ev: ce.InputAudioBufferAppend, session_format: AudioFormat) -> None:
-        """input_audio_buffer.append: decode in the event's (or the session's) format, then accept."""
+        """input_audio_buffer.append: decode in the event's (or the session's) format, then take."""
+        self.take(ev, self.decode(ev, session_format))
+
+    def decode(self, ev: ce.InputAudioBufferAppend, session_format: AudioFormat) -> np.ndarray:
+        """An append's audio as 16 kHz float32 samples (nothing is kept yet)."""
         if ev.video_frames:
             raise ProtocolError("bad_event", "this model takes no video frames; send images as "
                                 "conversation.item.create items with input_image content", "video_frames")
@@ -127,6 +136,10 @@ class InputTrack:
             raise ProtocolError("bad_audio", str(exc), "audio") from None
         except AudioFormatError as exc:
             raise ProtocolError("bad_event", str(exc), "sample_rate_hz") from None
+        return samples
+
+    def take(self, ev: ce.InputAudioBufferAppend, samples: np.ndarray) -> None:
+        """Keep an append's decoded samples (and its transcript hint) for the turn."""
         if ev.transcript:
             self._transcript_hints.append(ev.transcript)
         self.accept(samples)

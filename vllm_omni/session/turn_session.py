@@ -204,16 +204,17 @@ class TurnSession(ConfiguredSession):
         if self.config.turn_detection.create_response:
             self.responses.respond_or_defer()
 
-    def _commit(self, sealed: SealedTurn) -> None:
-        """The commit fan-out of a sealed user turn (docs/realtime-api.md §6.0 C(X))."""
+    def _commit(self, sealed: SealedTurn, flags: tuple[str, ...] = ()) -> None:
+        """The commit fan-out of a sealed user turn (docs/realtime-api.md §6.0 C(X)); `flags`
+        mark the committed record (an empty back-channel turn, §13.6)."""
         item = sealed.item
         previous = self.items.add(item)
         announce(self._emit, previous, item)
         record = CommitRecord(session_id=self.id, turn_id=self.turn_id, epoch=self.responses.epoch,
                               history_len=len(self.items.conversation.items),
-                              deferred=self.responses.active is not None)
+                              deferred=self.responses.active is not None and not flags, flags=flags)
         self._emit(audio_buffer_committed(previous_item_id=previous, item_id=item.id, record=record))
-        if self.config.transcription:  # the model transcribes the turn, beside its answer
+        if self.config.transcription and item.stream is not None:  # the model transcribes the turn
             self.transcriber.start(item, sealed.samples / 16000, dict(self.config.transcription))
         elif item.transcript:  # the client's own transcript hints (appends' `transcript`)
             self._emit(input_transcription_completed(item_id=item.id, transcript=item.transcript,
