@@ -178,3 +178,55 @@ async def test_a_detached_session_ends_after_its_grace(server) -> None:
     assert (await late.next())["error"]["code"] == "session_resume_expired"
     await late.close()
     assert engine.num_active_requests() == 0
+
+
+# Overlap (docs/realtime-api.md §13.6) ------------------------------------------------------------
+
+async def vad_session(url: str, policy: str) -> Client:
+    client = await Client.open(f"{url}/v1/realtime?model={MODEL_NAME}", extensions=False)
+    await until(client, "session.updated")
+    await client.send({"type": "session.update", "session": {
+        "turn_detection": {"type": "server_vad"}, "overlap_policy": policy}})
+    await until(client, "session.updated")
+    return client
+
+
+async def speak_over_the_answer(client: Client) -> tuple[list[dict], dict]:
+    """A question (server VAD ends it); once its answer's first audio arrives, acknowledge
+    200 ms of playback and ask another; returns the events up to the first answer's done."""
+    await client.send_all(append_events(fixture_pcm("speech_en_single.wav", trailing_silence_s=0.6)))
+    first = await until(client, "response.output_audio.delta")
+    response_id = first[-1]["response_id"]
+    await client.send({"type": "playback.ack", "response_id": response_id, "played_ms": 200})
+    await client.send_all(append_events(fixture_pcm("speech_en_single.wav", trailing_silence_s=0.6)))
+    return first + await until(client, "response.done"), {"id": response_id}
+
+
+async def test_speech_over_an_answer_barges_in_and_is_answered(server) -> None:
+    url, _ = server
+    client = await vad_session(url, "barge_in_on_speech")
+    events, first = await speak_over_the_answer(client)
+    kinds = [e["type"] for e in events]
+    decision = next(e for e in events if e["type"] == "overlap.decision")
+    assert (decision["action"], decision["reason"]) == ("barge_in", "server_vad_speech_started")
+    done = events[-1]["response"]
+    assert (done["id"], done["status"], done["status_details"]["reason"]) == (first["id"], "cancelled",
+                                                                             "turn_detected")
+    after_onset = kinds[kinds.index("input_audio_buffer.speech_started", kinds.index("response.created")):]
+    assert after_onset.count("response.output_audio.delta") <= 1  # stopped within one chunk
+    kept = done["output"][0]["content"][0]["transcript"]
+    spoken = "".join(e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta")
+    assert len(kept) <= len(spoken)  # cut at the acknowledged 200 ms
+    second = (await until(client, "response.done"))[-1]["response"]
+    assert second["id"] != first["id"] and second["status"] == "completed"
+    await client.close()
+
+
+async def test_speech_over_an_answer_waits_for_it_under_listen_only(server) -> None:
+    url, _ = server
+    client = await vad_session(url, "listen_only")
+    events, first = await speak_over_the_answer(client)
+    assert events[-1]["response"]["status"] == "completed" and "overlap.decision" not in [e["type"] for e in events]
+    second = (await until(client, "response.done"))[-1]["response"]
+    assert second["id"] != first["id"] and second["status"] == "completed"
+    await client.close()
