@@ -1,4 +1,5 @@
-"""Eight concurrent server-VAD sessions, three turns each: all complete, nothing leaks."""
+"""Eight concurrent server-VAD sessions, three turns each, on the GA lane and on the duplex lane:
+all complete, nothing leaks."""
 
 from __future__ import annotations
 
@@ -7,15 +8,17 @@ import time
 
 import httpx
 
-from tests.realtime_helpers import append_events, connect, fixture_pcm, running_server
+from tests.realtime_helpers import MODEL_NAME, append_events, connect, fixture_pcm, running_server
 from tests.test_realtime_ga_lane import SERVER_VAD_UPDATE
 
 SESSIONS, TURNS = 8, 3
 TURN_AUDIO = ("speech_en_single.wav", "speech_with_pause.wav", "speech_en_single.wav")
 
 
-async def one_session(url: str) -> list[dict]:
-    client = await connect(url)
+async def one_session(url: str, duplex: bool) -> list[dict]:
+    """A duplex session opens by autostart and ends with session.close (a dropped socket
+    would leave it waiting for a resume)."""
+    client = await connect(url, f"/v1/realtime?model={MODEL_NAME}" if duplex else "/v1/realtime")
     turns = []
     try:
         await client.next()
@@ -24,6 +27,8 @@ async def one_session(url: str) -> list[dict]:
         for fixture in TURN_AUDIO[:TURNS]:
             await client.send_all(append_events(fixture_pcm(fixture, trailing_silence_s=1.5)))
             turns.append(await client.until("response.done", timeout=300))
+        if duplex:
+            await client.close_session()
     finally:
         await client.close()
     return turns
@@ -35,7 +40,13 @@ def test_eight_sessions_three_turns(tiny_loaded) -> None:
         check_concurrent_sessions(url, engine, app)
 
 
-def check_concurrent_sessions(url: str, engine, app) -> None:
+def test_eight_duplex_sessions_three_turns(tiny_loaded) -> None:
+    overrides = {"stages.1.default_sampling_params.max_tokens": 24}
+    with running_server(tiny_loaded, overrides, session_mode="duplex") as (url, engine, app):
+        check_concurrent_sessions(url, engine, app, duplex=True)
+
+
+def check_concurrent_sessions(url: str, engine, app, duplex: bool = False) -> None:
     """SESSIONS x TURNS server-VAD turns: all complete with audio, no error event, and
     nothing (requests, sessions, server tasks) outlives its session."""
     async def tasks_on_server() -> int:
@@ -47,7 +58,7 @@ def check_concurrent_sessions(url: str, engine, app) -> None:
     baseline = server_tasks()
 
     async def load():
-        return await asyncio.gather(*(one_session(url) for _ in range(SESSIONS)))
+        return await asyncio.gather(*(one_session(url, duplex) for _ in range(SESSIONS)))
 
     results = asyncio.run(load())
     for turns in results:
