@@ -1,7 +1,8 @@
 """`vllm-omni bench realtime`: concurrent realtime sessions against a server and, in the same
 run, against a baseline; per-turn TTFT / TTFP / RTF percentiles, audio seconds produced per
 wall second and error counts per concurrency level. JSON, a printed table, and a PNG of TTFP
-and RTF against concurrency."""
+and RTF against concurrency. Targets on the duplex lane (docs/realtime-api.md §13) also report
+their responses and, in a barge-in run, the barge-in reaction time (client/barge_in.py)."""
 
 from __future__ import annotations
 
@@ -12,26 +13,34 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+from vllm_omni.client.barge_in import CANCELLED, run_barge_in_session
 from vllm_omni.client.timing import summarize
 from vllm_omni.client.turns import SessionResult, run_session
 
 
 async def run_level(url: str, pcm: bytes, sessions: int, turns: int, *, model: str | None = None,
-                    server_vad: bool = False, transcribe: bool = False) -> dict[str, Any]:
-    """`sessions` concurrent sessions of `turns` turns each, audio paced in real time."""
+                    server_vad: bool = False, transcribe: bool = False, duplex: bool = False,
+                    interruption: bytes | None = None) -> dict[str, Any]:
+    """`sessions` concurrent sessions of `turns` turns each, audio paced in real time. With
+    `interruption` (duplex lane), every turn is a barge-in: `interruption` is spoken over the
+    answer, which the server cancels, and is answered in turn."""
+    if interruption is not None:
+        runs = [run_barge_in_session(url, pcm, interruption, turns=turns, model=model, transcribe=transcribe)
+                for _ in range(sessions)]
+    else:
+        runs = [run_session(url, pcm, turns=turns, model=model, server_vad=server_vad, transcribe=transcribe,
+                            duplex=duplex) for _ in range(sessions)]
     started = time.monotonic()
-    outcomes = await asyncio.gather(*(run_session(url, pcm, turns=turns, model=model, server_vad=server_vad,
-                                                  transcribe=transcribe)
-                                      for _ in range(sessions)), return_exceptions=True)
+    outcomes = await asyncio.gather(*runs, return_exceptions=True)
     wall_s = time.monotonic() - started
     finished = [o for o in outcomes if isinstance(o, SessionResult)]
-    turn_metrics = [t.metrics for result in finished for t in result.turns]
-    completed = sum(1 for result in finished for t in result.turns
-                    if t.response is not None and t.response.status == "completed")
+    results = [t for result in finished for t in result.turns]
+    turn_metrics = [t.metrics for t in results]
+    completed = sum(1 for t in results if t.response is not None and t.response.status == "completed")
     # Audio the client decoded must add up to the server's final cumulative duration.
-    lost = sum(1 for result in finished for t in result.turns
-               if t.response is not None and abs(t.response.audio_ms - t.metrics["audio_duration_ms"]) > 1)
-    return {
+    lost = sum(1 for t in results if t.response is not None
+               and abs(t.response.audio_ms - t.metrics["audio_duration_ms"]) > 1)
+    row = {
         "sessions": sessions, "turns": sessions * turns, "completed_turns": completed, "wall_s": round(wall_s, 3),
         "failed_sessions": len(outcomes) - len(finished), "lost_audio_turns": lost,
         "error_events": sum(len(result.errors) for result in finished),
@@ -39,35 +48,52 @@ async def run_level(url: str, pcm: bytes, sessions: int, turns: int, *, model: s
         "audio_s_per_wall_s": round(sum(m["audio_duration_ms"] for m in turn_metrics) / 1000 / wall_s, 3),
         "ttft_ms": summarize(m["ttft_ms"] for m in turn_metrics),
         "ttfp_ms": summarize(m["ttfp_ms"] for m in turn_metrics),
-        "rtf": summarize(m["rtf"] for m in turn_metrics),
+        # A cancelled answer's generation was cut short: its RTF says nothing.
+        "rtf": summarize(t.metrics["rtf"] for t in results if t.response is None or t.response.status != CANCELLED),
     }
+    if duplex or interruption is not None:
+        row.update({
+            "responses": len(results),
+            "cancelled_responses": sum(1 for t in results if t.response is not None
+                                       and t.response.status == CANCELLED),
+            "barge_in_reaction_ms": summarize(t.barge_in_ms for t in results),
+        })
+    return row
 
 
 def run_benchmark(targets: dict[str, str], levels: Sequence[int], pcm: bytes, turns: int, *,
-                  model: str | None = None, server_vad: bool = False,
-                  transcribed: Collection[str] = ()) -> dict[str, list[dict[str, Any]]]:
+                  model: str | None = None, server_vad: bool = False, transcribed: Collection[str] = (),
+                  duplex: Collection[str] = (),
+                  interruption: bytes | None = None) -> dict[str, list[dict[str, Any]]]:
     """For each target (name → URL), each concurrency level in turn; the `transcribed` targets'
-    sessions ask for input transcription."""
+    sessions ask for input transcription, the `duplex` ones use the duplex lane (and, with
+    `interruption`, barge in on every answer)."""
     return {name: [asyncio.run(run_level(url, pcm, sessions, turns, model=model, server_vad=server_vad,
-                                         transcribe=name in transcribed))
+                                         transcribe=name in transcribed, duplex=name in duplex,
+                                         interruption=interruption if name in duplex else None))
                    for sessions in levels] for name, url in targets.items()}
 
 
 def format_table(results: dict[str, list[dict[str, Any]]]) -> str:
+    """One line per target and level; barge-in columns when some target measured barge-ins."""
     def cell(value: Any, digits: int = 1) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
+    barge_in = any(row.get("barge_in_reaction_ms", {}).get("count") for rows in results.values() for row in rows)
     header = (f"{'target':10s} {'sessions':>8s} {'done':>7s} {'errors':>6s} {'TTFT p50':>9s} {'TTFP p50':>9s} "
               f"{'TTFP p95':>9s} {'RTF p50':>8s} {'RTF p95':>8s} {'audio s/s':>9s} {'lost':>4s}")
-    lines = [header]
+    lines = [header + (f" {'barge p50':>9s} {'barge p95':>9s}" if barge_in else "")]
     for name, rows in results.items():
         for row in rows:
-            lines.append(
-                f"{name:10s} {row['sessions']:8d} {row['completed_turns']:>3d}/{row['turns']:<3d} "
-                f"{row['error_events'] + row['failed_sessions']:6d} {cell(row['ttft_ms']['p50']):>9s} "
-                f"{cell(row['ttfp_ms']['p50']):>9s} {cell(row['ttfp_ms']['p95']):>9s} "
-                f"{cell(row['rtf']['p50'], 3):>8s} {cell(row['rtf']['p95'], 3):>8s} "
-                f"{row['audio_s_per_wall_s']:9.2f} {row['lost_audio_turns']:4d}")
+            line = (f"{name:10s} {row['sessions']:8d} {row['completed_turns']:>3d}/{row['turns']:<3d} "
+                    f"{row['error_events'] + row['failed_sessions']:6d} {cell(row['ttft_ms']['p50']):>9s} "
+                    f"{cell(row['ttfp_ms']['p50']):>9s} {cell(row['ttfp_ms']['p95']):>9s} "
+                    f"{cell(row['rtf']['p50'], 3):>8s} {cell(row['rtf']['p95'], 3):>8s} "
+                    f"{row['audio_s_per_wall_s']:9.2f} {row['lost_audio_turns']:4d}")
+            if barge_in:
+                reaction = row.get("barge_in_reaction_ms", {})
+                line += f" {cell(reaction.get('p50')):>9s} {cell(reaction.get('p95')):>9s}"
+            lines.append(line)
     return "\n".join(lines)
 
 

@@ -21,6 +21,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     realtime.add_argument("--out-dir", required=True, help="where results.json and the plot go")
     realtime.add_argument("--model", help="model name to ask for (default: the server's)")
     realtime.add_argument("--server-vad", action="store_true", help="server-side turn detection instead of commits")
+    realtime.add_argument("--duplex", action="store_true",
+                          help="drive --url's sessions over the duplex lane (a session_mode: duplex server)")
+    realtime.add_argument("--barge-in", action="store_true",
+                          help="duplex lane, server VAD: speak over every answer and time how soon the server "
+                               "stops it (implies --duplex)")
+    realtime.add_argument("--barge-in-wav", help="the interrupting speech (16 kHz mono 16-bit WAV; default: --wav)")
     realtime.add_argument("--compare-transcription", action="store_true",
                           help="also measure --url with input transcription on (target vllm-omni+transcribe)")
     baseline = realtime.add_mutually_exclusive_group(required=True)
@@ -64,10 +70,12 @@ def run_realtime_bench(args: argparse.Namespace) -> int:
     try:
         levels = _levels(args.sessions)
         pcm = read_pcm16(args.wav)
+        interruption = read_pcm16(args.barge_in_wav or args.wav) if args.barge_in else None
         targets = {"vllm-omni": realtime_url(args.url, model=args.model)}
         transcribed = {TRANSCRIBED_TARGET} if args.compare_transcription else set()
         if transcribed:
             targets[TRANSCRIBED_TARGET] = targets["vllm-omni"]
+        duplex = set(targets) if args.duplex or args.barge_in else set()  # the --url targets, not the baseline
         if args.baseline_url:
             targets["baseline"] = realtime_url(args.baseline_url)
         if args.baseline_model and not Path(args.baseline_model).is_dir():
@@ -84,9 +92,11 @@ def run_realtime_bench(args: argparse.Namespace) -> int:
             settings = BaselineSettings(args.baseline_thinker_tokens, args.baseline_talker_tokens)
             targets["baseline"] = stack.enter_context(running_baseline(args.baseline_model, settings))
         results = run_benchmark(targets, levels, pcm, args.turns, model=args.model, server_vad=args.server_vad,
-                                transcribed=transcribed)
+                                transcribed=transcribed, duplex=duplex, interruption=interruption)
     settings = {"targets": targets, "levels": levels, "turns": args.turns, "wav": args.wav,
-                "server_vad": args.server_vad, "transcribed_targets": sorted(transcribed), "paced": "real time",
+                "server_vad": args.server_vad or args.barge_in, "transcribed_targets": sorted(transcribed),
+                "duplex_targets": sorted(duplex),
+                "barge_in_wav": (args.barge_in_wav or args.wav) if args.barge_in else None, "paced": "real time",
                 "baseline": {"model": args.baseline_model, "thinker_max_new_tokens": args.baseline_thinker_tokens,
                              "talker_max_new_tokens": args.baseline_talker_tokens}}
     written = write_results(results, settings, Path(args.out_dir))

@@ -1,5 +1,6 @@
-"""`vllm-omni client --url URL --wav in.wav --out out.wav`: speak a WAV file to a realtime
-server, save the spoken answers, print transcripts and per-turn timing."""
+"""`vllm-omni client --url URL --wav in.wav --out out.wav [--duplex] [--image PATH]`: speak a WAV
+file to a realtime server (GA lane, or the duplex lane of docs/realtime-api.md §13), save the
+spoken answers, print transcripts and per-turn timing."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     client.add_argument("--server-vad", action="store_true", help="let the server detect the end of speech")
     client.add_argument("--fast", action="store_true", help="send audio as fast as possible, not in real time")
     client.add_argument("--api-key", help="bearer token, if the server requires one")
+    client.add_argument("--duplex", action="store_true", help="use the duplex lane (a session_mode: duplex server)")
+    client.add_argument("--image", help="an image (PNG, JPEG) to show the model before the audio, as a user message")
     client.set_defaults(run=run_client)
 
 
@@ -35,6 +38,7 @@ def format_turns(metrics: list[dict]) -> list[str]:
 
 
 def run_client(args: argparse.Namespace) -> int:
+    from vllm_omni.client.images import image_data_url
     from vllm_omni.client.turns import run_session
     from vllm_omni.client.url import realtime_url
     from vllm_omni.client.wav import WavError, read_pcm16, write_pcm16
@@ -42,6 +46,8 @@ def run_client(args: argparse.Namespace) -> int:
     try:
         url = realtime_url(args.url, model=args.model)
         pcm = read_pcm16(args.wav)
+        if args.image is not None:
+            image_data_url(args.image)  # a bad path fails here, before connecting
         if args.turns < 1:
             raise ValueError(f"--turns must be at least 1, got {args.turns}")
     except (WavError, ValueError) as exc:
@@ -50,10 +56,15 @@ def run_client(args: argparse.Namespace) -> int:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
     try:
         result = asyncio.run(run_session(url, pcm, turns=args.turns, model=args.model, server_vad=args.server_vad,
-                                         realtime=not args.fast, headers=headers))
+                                         realtime=not args.fast, headers=headers, duplex=args.duplex,
+                                         image=args.image))
     except Exception as exc:  # unreachable, refused handshake, closed socket, timeout: one line, no traceback
         print(f"error: {url}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    if result.image_error is not None:
+        refusal = result.image_error.get("error") or {}
+        print(f"server refused the image ({refusal.get('code')}: {refusal.get('message')}); "
+              "went on without it", file=sys.stderr)
     for number, transcript in enumerate(result.transcripts, 1):
         print(f"turn {number}: {transcript.strip()}")
     for error in result.errors:

@@ -2,14 +2,18 @@
 
 Every wait has a timeout; received events are kept (with their receive time in `_t`) so
 callers can check orderings and compute latencies afterwards; the send times of commits
-are kept too (`commit_times`), as the origin of a turn's latency.
+are kept too (`commit_times`), as the origin of a turn's latency, and those of appends
+(`sent_marks`), to map a position on the session's input timeline (docs/realtime-api.md
+§0.1) back to the moment the client sent it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import time
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import websockets
@@ -19,16 +23,28 @@ from vllm_omni.client.streaming import chunk_duration_s
 from vllm_omni.client.url import with_extensions
 from vllm_omni.protocol.server_event_types import SESSION_CLOSED
 
+APPEND = "input_audio_buffer.append"
+
+
+async def connect(url: str, headers: dict[str, str] | None, open_timeout: float) -> Any:
+    return await websockets.connect(url, max_size=None, additional_headers=headers, open_timeout=open_timeout)
+
 
 class RealtimeConnection:
     """Must be created inside a running event loop: a reader task takes every server event
     off the socket as it arrives and stamps its receive time, even while the caller is busy
     streaming audio."""
 
-    def __init__(self, ws: Any):
-        self.ws = ws
+    def __init__(self, ws: Any, url: str = "", headers: dict[str, str] | None = None):
+        self.url, self.headers = url, headers  # what a reconnect needs
         self.events: list[dict[str, Any]] = []
         self.commit_times: list[float] = []
+        self.sent_marks: list[tuple[float, float]] = []  # (timeline ms at the append's end, send time)
+        self._attach(ws)
+
+    def _attach(self, ws: Any) -> None:
+        """Read from `ws` from now on (a new socket starts with an empty inbox)."""
+        self.ws = ws
         self._inbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self._closed: websockets.exceptions.ConnectionClosed | None = None
         self._reader = asyncio.get_running_loop().create_task(self._read())
@@ -50,12 +66,22 @@ class RealtimeConnection:
         """`extensions`: ask for the server's extension events and fields (this library reads
         them: playback cursors, cumulative audio durations, `session.closed`); without them
         the session is pure GA."""
-        ws = await websockets.connect(with_extensions(url) if extensions else url, max_size=None,
-                                      additional_headers=headers, open_timeout=open_timeout)
-        return cls(ws)
+        url = with_extensions(url) if extensions else url
+        return cls(await connect(url, headers, open_timeout), url, headers)
 
     async def send(self, payload: dict[str, Any] | str | bytes) -> None:
         await self.ws.send(payload if isinstance(payload, (str, bytes)) else json.dumps(payload))
+        if isinstance(payload, dict) and payload.get("type") == APPEND and isinstance(payload.get("audio"), str):
+            end_ms = (self.sent_marks[-1][0] if self.sent_marks else 0.0) + chunk_duration_s(payload) * 1000
+            self.sent_marks.append((end_ms, time.monotonic()))
+
+    def sent_at(self, position_ms: float) -> float | None:
+        """When the append carrying timeline position `position_ms` was sent; None beyond what
+        was sent. Assumes the server put every append on the timeline: 16 kHz audio, none
+        refused, and on the duplex lane none dropped as silence over an answer (which server
+        VAD prevents, docs/realtime-api.md §13.6)."""
+        index = bisect.bisect_right([end for end, _ in self.sent_marks], position_ms)
+        return self.sent_marks[index][1] if index < len(self.sent_marks) else None
 
     async def send_all(self, payloads: list[dict[str, Any]], delay: float = 0.0) -> None:
         for payload in payloads:
@@ -63,23 +89,31 @@ class RealtimeConnection:
             if delay:
                 await asyncio.sleep(delay)
 
+    def _accept(self, event: dict[str, Any]) -> bool:
+        """Whether to deliver a received event (a subclass drops repeats)."""
+        return True
+
     async def next(self, timeout: float = 60.0) -> dict[str, Any]:
         """The next server event; raises the socket's ConnectionClosed once it has ended."""
-        event = await asyncio.wait_for(self._inbox.get(), timeout)
-        if event is None:
-            self._inbox.put_nowait(None)  # stays ended for later calls
-            raise self._closed or websockets.exceptions.ConnectionClosedError(None, None)
-        self.events.append(event)
-        return event
+        deadline = time.monotonic() + timeout
+        while True:
+            event = await asyncio.wait_for(self._inbox.get(), max(0.1, deadline - time.monotonic()))
+            if event is None:
+                self._inbox.put_nowait(None)  # stays ended for later calls
+                raise self._closed or websockets.exceptions.ConnectionClosedError(None, None)
+            if self._accept(event):
+                self.events.append(event)
+                return event
 
-    async def until(self, kind: str, timeout: float = 120.0) -> list[dict[str, Any]]:
-        """Events up to and including the next one of type `kind`."""
+    async def until(self, kind: str | Collection[str], timeout: float = 120.0) -> list[dict[str, Any]]:
+        """Events up to and including the next one of type `kind` (or of one of the types)."""
+        kinds = {kind} if isinstance(kind, str) else set(kind)
         seen = []
         deadline = time.monotonic() + timeout
         while True:
             event = await self.next(max(0.1, deadline - time.monotonic()))
             seen.append(event)
-            if event["type"] == kind:
+            if event["type"] in kinds:
                 return seen
 
     async def close(self) -> None:
@@ -87,7 +121,7 @@ class RealtimeConnection:
         self._reader.cancel()
         await asyncio.gather(self._reader, return_exceptions=True)
 
-    async def stream(self, appends: list[dict[str, Any]], realtime: bool = True) -> None:
+    async def stream(self, appends: Iterable[dict[str, Any]], realtime: bool = True) -> None:
         """Send appends back to back, or paced at the audio's own speed (`realtime`)."""
         started = time.monotonic()
         sent_s = 0.0

@@ -4,6 +4,8 @@ native-duplex model units (docs/realtime-api.md §13.7)."""
 from __future__ import annotations
 
 import base64
+import sys
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +16,7 @@ BYTES_PER_MS = INPUT_RATE * 2 // 1000
 FIRST_UNIT_MS = 1030  # the first model unit closes at 1030 ms of audio, then every 1000 ms
 UNIT_MS = 1000
 MAX_FRAMES_PER_APPEND = 2
+QUIET = 328  # about -40 dBFS: quieter samples are a recording's lead-in, not speech
 
 
 def unit_boundary_ms(unit: int) -> int:
@@ -46,3 +49,12 @@ def append_events(pcm: bytes, chunk_ms: int = 200,
 def chunk_duration_s(event: dict[str, Any]) -> float:
     """Seconds of audio an append event carries."""
     return len(base64.b64decode(event["audio"])) / BYTES_PER_MS / 1000
+
+
+def without_lead_in(pcm: bytes, quiet: int = QUIET) -> bytes:
+    """PCM16 from its first sample louder than `quiet` on (empty if there is none)."""
+    samples = array("h", pcm[:len(pcm) - len(pcm) % 2])
+    if sys.byteorder == "big":
+        samples.byteswap()
+    first = next((index for index, sample in enumerate(samples) if abs(sample) > quiet), len(samples))
+    return pcm[2 * first:]

@@ -39,11 +39,16 @@ def realtime_url(base: str, *, model: str | None = None, duplex: bool | None = N
     return urlunsplit((SCHEMES[parts.scheme], parts.netloc, path, existing + urlencode(query), ""))
 
 
+def with_query(url: str, **params: str) -> str:
+    """`url` with these query parameters set (replacing any of the same names)."""
+    parts = urlsplit(url)
+    kept = [(key, value) for key, value in parse_qsl(parts.query, keep_blank_values=True) if key not in params]
+    return urlunsplit(parts._replace(query=urlencode(kept + list(params.items()))))
+
+
 def with_extensions(url: str) -> str:
     """`url` asking the server for its extension events and fields (docs/realtime-api.md §1.3);
     unchanged if it already does."""
-    parts = urlsplit(url)
-    if wants_extensions(dict(parse_qsl(parts.query)).get(EXTENSIONS_QUERY)):
+    if wants_extensions(dict(parse_qsl(urlsplit(url).query)).get(EXTENSIONS_QUERY)):
         return url
-    query = parts.query + ("&" if parts.query else "") + urlencode({EXTENSIONS_QUERY: VLLM_OMNI})
-    return urlunsplit(parts._replace(query=query))
+    return with_query(url, **{EXTENSIONS_QUERY: VLLM_OMNI})
