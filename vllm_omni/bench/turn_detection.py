@@ -14,6 +14,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,10 @@ class Recording:
     name: str
     pcm: bytes  # 16 kHz mono PCM16
 
+    @cached_property
     def speech_ends_s(self) -> list[float]:
-        """Where Silero hears each stretch of speech end (seconds)."""
+        """Where Silero hears each stretch of speech end (seconds); found once per recording,
+        however many settings it is measured under."""
         samples = np.frombuffer(self.pcm, "<i2").astype(np.float32) / 32768
         padded = np.concatenate([samples, np.zeros(RATE, np.float32)])  # so the last pause completes
         detector = VadDetector(SileroModel.load(), VadConfig(silence_duration_ms=REFERENCE_SILENCE_MS))
@@ -71,7 +74,7 @@ async def measure(url: str, setting: str, recording: Recording, trailing_silence
         await _take_received(connection)
     finally:
         await connection.close()
-    speech_ends = recording.speech_ends_s()
+    speech_ends = recording.speech_ends_s
     turns = []
     for event in connection.events:
         if event["type"] == "input_audio_buffer.speech_stopped":

@@ -20,7 +20,7 @@ from vllm_omni.client.microphone import Microphone
 from vllm_omni.client.session_setup import ga_session_update
 from vllm_omni.client.streaming import without_lead_in
 from vllm_omni.client.timing import response_metrics
-from vllm_omni.client.turns import SessionResult, TurnResult, finish, open_session
+from vllm_omni.client.turns import SessionResult, TurnResult, open_session, running
 from vllm_omni.protocol.server_event_types import OUTPUT_AUDIO_DELTA, RESPONSE_DONE, SPEECH_STARTED
 
 # Server VAD that answers each turn and lets speech interrupt an answer (§2.4, §2.5). Without
@@ -64,24 +64,19 @@ async def run_barge_in_session(url: str, question: bytes, interruption: bytes, *
                                transcription={"model": model or "default"} if transcribe else None)
     conn = await open_session(url, update, duplex=True, headers=headers)
     result = SessionResult()
-    try:
-        async with Microphone(conn, chunk_ms) as microphone:
-            for _ in range(turns):
-                first = len(conn.events)
-                microphone.say(question)
-                await conn.until(OUTPUT_AUDIO_DELTA, timeout=answer_timeout_s)  # the answer is playing
-                microphone.say(interruption, cut_in=True)  # not after the rest of the question's recording
-                await conn.until(RESPONSE_DONE, timeout=answer_timeout_s)  # the interrupted answer
-                await conn.until(RESPONSE_DONE, timeout=answer_timeout_s)  # the answer to the interruption
-                reaction = reaction_ms(conn, conn.events[first:])
-                for record in collect(conn.events[first:]).responses.values():
-                    interrupted = record.status == CANCELLED
-                    result.turns.append(TurnResult(record, response_metrics(record.events, None),
-                                                   reaction if interrupted else None))
-                    if record.audio and not interrupted:  # a cancelled answer's history is cut already (§13.5)
-                        await conn.ack_playback(record.response_id, record.audio_ms)
-        await conn.close_session()
-    finally:
-        await conn.close()
-        finish(result, conn)
+    async with running(conn, result), Microphone(conn, chunk_ms) as microphone:
+        for _ in range(turns):
+            first = len(conn.events)
+            microphone.say(question)
+            await conn.until(OUTPUT_AUDIO_DELTA, timeout=answer_timeout_s)  # the answer is playing
+            microphone.say(interruption, cut_in=True)  # not after the rest of the question's recording
+            await conn.until(RESPONSE_DONE, timeout=answer_timeout_s)  # the interrupted answer
+            await conn.until(RESPONSE_DONE, timeout=answer_timeout_s)  # the answer to the interruption
+            reaction = reaction_ms(conn, conn.events[first:])
+            for record in collect(conn.events[first:]).responses.values():
+                interrupted = record.status == CANCELLED
+                result.turns.append(TurnResult(record, response_metrics(record.events, None),
+                                               reaction if interrupted else None))
+                if record.audio and not interrupted:  # a cancelled answer's history is cut already (§13.5)
+                    await conn.ack_playback(record.response_id, record.audio_ms)
     return result

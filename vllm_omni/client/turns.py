@@ -5,6 +5,8 @@ acknowledge its playback, repeat; with the timing of every turn. On the GA lane 
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,9 +50,16 @@ class SessionResult:
         return [t.response.transcript if t.response is not None else "" for t in self.turns]
 
 
-def finish(result: SessionResult, conn: RealtimeConnection) -> None:
-    """Record the session's errors in `result` (all but the image's refusal)."""
-    result.errors = [e for e in collect(conn.events).errors if e is not result.image_error]
+@asynccontextmanager
+async def running(conn: RealtimeConnection, result: SessionResult) -> AsyncIterator[None]:
+    """A session's turns (the body), then `session.close`; however it ends, the socket closes
+    and `result` records the session's errors (all but the image's refusal)."""
+    try:
+        yield
+        await conn.close_session()
+    finally:
+        await conn.close()
+        result.errors = [e for e in collect(conn.events).errors if e is not result.image_error]
 
 
 async def open_session(url: str, update: dict[str, Any], *, duplex: bool = False,
@@ -89,7 +98,7 @@ async def run_session(url: str, pcm: bytes, *, turns: int = 1, model: str | None
                                transcription={"model": model or "default"} if transcribe else None)
     conn = await open_session(url, update, duplex=duplex, headers=headers)
     result = SessionResult()
-    try:
+    async with running(conn, result):
         if image is not None:
             result.image_error = await show_image(conn, image)
         audio = pcm + (b"\0\0" * int(16000 * TRAILING_SILENCE_S) if server_vad else b"")
@@ -105,8 +114,4 @@ async def run_session(url: str, pcm: bytes, *, turns: int = 1, model: str | None
             result.turns.append(TurnResult(record, response_metrics(record.events if record else [], t0)))
             if record is not None and record.audio:
                 await conn.ack_playback(record.response_id, record.audio_ms)
-        await conn.close_session()
-    finally:
-        await conn.close()
-        finish(result, conn)
     return result
