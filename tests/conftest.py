@@ -46,3 +46,18 @@ def tiny_loaded(tiny_checkpoint: Path):
     from vllm_omni.models.qwen3_omni.checkpoint import load_checkpoint
 
     return load_checkpoint(tiny_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tiny_checkpoint: Path):
+    """Thinker and talker on vLLM CPU engines (each takes about a minute to start), shared by
+    every module that needs them; this process holds only code2wav and the bridge's modules,
+    as in production. Stages restart when killed (tests/test_vllm_backend.py kills them)."""
+    from tests.engine_helpers import make_engine
+    from vllm_omni.models.qwen3_omni.checkpoint import load_checkpoint
+
+    checkpoint = load_checkpoint(tiny_checkpoint, bridge_only=True)
+    engine = make_engine(checkpoint, async_chunk=True, thinker_backend="vllm", talker_backend="vllm",
+                         restart_on_failure=True)
+    yield engine
+    engine.shutdown()

@@ -24,10 +24,12 @@ class RecordingFamily(Qwen3OmniFamily):
         super().__init__(*args, **kwargs)
         self.frames: dict[str, list[tuple[int, ...]]] = {}
         self.last_render: tuple[list[dict[str, Any]], int] | None = None  # (messages, audio items)
+        self.last_image_count = 0  # image items of the last render
 
-    def render(self, messages, audio_features, tools=(), call_tool=False):
+    def render(self, messages, audio_features, tools=(), call_tool=False, images=()):
         self.last_render = (list(messages), len(audio_features))
-        self.last_prompt = super().render(messages, audio_features, tools, call_tool)
+        self.last_image_count = len(images)
+        self.last_prompt = super().render(messages, audio_features, tools, call_tool, images)
         return self.last_prompt
 
     def route(self, state, role, event):
@@ -42,7 +44,8 @@ class RecordingFamily(Qwen3OmniFamily):
 def make_engine(checkpoint, *, async_chunk: bool = True, first: int = 4, later: int = 25,
                 code2wav_mode: str = "exact", max_num_seqs: int | None = None,
                 thinker_backend: str = "torch", talker_backend: str = "torch",
-                restart_on_failure: bool = False, audio_limit: int | None = None) -> OmniEngine:
+                restart_on_failure: bool = False, audio_limit: int | None = None,
+                image_limit: int | None = None) -> OmniEngine:
     on_vllm = "vllm" in (thinker_backend, talker_backend)  # then with the served config's engine arguments
     config = "qwen3_omni_tiny_cpu" if on_vllm else "qwen3_omni_tiny_cpu_torch"
     deploy = load_deploy_config(get_deploy_config_path(config), platform="cpu")
@@ -52,9 +55,11 @@ def make_engine(checkpoint, *, async_chunk: bool = True, first: int = 4, later: 
     backends = {"thinker": thinker_backend, "talker": talker_backend}
     stages = [s.model_copy(update={"backend": backends[s.role], "restart_on_failure": restart_on_failure})
               if s.role in backends else s for s in deploy.stages]
-    if audio_limit is not None:
+    limits = {modality: limit for modality, limit in (("audio", audio_limit), ("image", image_limit))
+              if limit is not None}
+    if limits:
         stages = [s.model_copy(update={"engine_args": s.engine_args.model_copy(update={"limit_mm_per_prompt": {
-            **s.engine_args.limit_mm_per_prompt, "audio": audio_limit}})}) if s.role == "thinker" else s
+            **s.engine_args.limit_mm_per_prompt, **limits}})}) if s.role == "thinker" else s
             for s in stages]
     if max_num_seqs is not None:
         stages = [s.model_copy(update={"engine_args": s.engine_args.model_copy(

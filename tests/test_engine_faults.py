@@ -154,8 +154,8 @@ def test_current_turn_alone_over_the_audio_limit_is_refused(tiny_loaded) -> None
 
 @pytest.mark.parametrize(("configured", "passed", "audio_limit"), [
     ({"audio": 16, "image": 0, "video": 0}, {"audio": 16, "image": 0, "video": 0}, 16),
-    ({"audio": 2}, {"audio": 2, "image": 0, "video": 0}, 2),
-    ({}, {"image": 0, "video": 0}, 999),  # audio unlisted: vLLM's default, which the engine applies too
+    ({"audio": 2}, {"audio": 2, "video": 0}, 2),
+    ({}, {"video": 0}, 999),  # audio and image unlisted: vLLM's default, which the engine applies too
 ])
 def test_the_vllm_thinker_gets_the_limit_the_engine_applies(tiny_loaded, configured, passed, audio_limit) -> None:
     stage = load_deploy_config(get_deploy_config_path("qwen3_omni_tiny_cpu"), platform="cpu").stage_by_role("thinker")

@@ -1,8 +1,8 @@
 """Thinker and talker on real vLLM CPU engines: same tokens, same codec ids, same audio as
 transformers, with async_chunk on and off; batching, abort, bad input, request accounting,
 long spoken conversations, the realtime scenarios, and dying engines. One pair of engines
-serves the whole module (each start takes about a minute here); the dead-engine test kills
-them one at a time (they restart), so it runs last."""
+serves the whole session (`vllm_engine` in conftest.py; each start takes about a minute
+here); the dead-engine test kills them one at a time (they restart), so it runs last."""
 
 from __future__ import annotations
 
@@ -14,32 +14,22 @@ import jsonschema
 import numpy as np
 import pytest
 
-from tests.engine_helpers import async_chunk_set_to, end_requests_every_way, make_engine, run_request
+from tests.engine_helpers import async_chunk_set_to, end_requests_every_way, run_request
 from tests.fault_helpers import kill_during_request, wait_until_healthy
 from tests.test_engine_faults import spoken_conversation
 from tests.test_pipeline_parity import CASES, engine_request, reference  # noqa: F401  (fixture)
 from vllm_omni.engine import AudioChunk, Message, OmniRequest, RequestError
-from vllm_omni.models.qwen3_omni.checkpoint import load_checkpoint
 from vllm_omni.models.qwen3_omni.vllm_backend.talker import VllmTalkerDriver
-from vllm_omni.models.qwen3_omni.vllm_backend.thinker import VllmThinkerDriver, collapse_audio_placeholders
+from vllm_omni.models.qwen3_omni.vllm_backend.thinker import VllmThinkerDriver, collapse_placeholders
 
 
 @pytest.fixture(scope="module")
-def served(tiny_checkpoint):
-    """(ws URL, engine, app): both autoregressive stages on vLLM, behind the realtime server; this
-    process holds only code2wav and the bridge's modules, as in production."""
+def served(vllm_engine):
+    """(ws URL, engine, app): the session's vLLM engines behind the realtime server."""
     from tests.realtime_helpers import serving
 
-    checkpoint = load_checkpoint(tiny_checkpoint, bridge_only=True)
-    engine = make_engine(checkpoint, async_chunk=True, thinker_backend="vllm", talker_backend="vllm",
-                         restart_on_failure=True)
-    with serving(engine) as (url, engine, app):
+    with serving(vllm_engine) as (url, engine, app):
         yield url, engine, app
-
-
-@pytest.fixture(scope="module")
-def vllm_engine(served):
-    return served[1]
 
 
 def test_both_stages_run_on_vllm_engine(vllm_engine) -> None:
@@ -128,9 +118,10 @@ def test_a_forced_tool_call_is_json_of_the_tools_schema_and_nothing_is_spoken(vl
     assert result["text"] == "" and len(result["pcm"]) == 0 and final.usage.audio_tokens == 0
 
 
-def test_placeholders_collapse_per_audio_item() -> None:
-    pad = 7
-    assert collapse_audio_placeholders([1, pad, pad, pad, 2, pad, pad, 3], pad) == [1, pad, 2, pad, 3]
+def test_placeholders_collapse_per_item() -> None:
+    pad, image = 7, 8
+    assert collapse_placeholders([1, pad, pad, pad, 2, pad, pad, 3], (pad, image)) == [1, pad, 2, pad, 3]
+    assert collapse_placeholders([1, image, image, 2, pad, pad, 3, image], (pad, image)) == [1, image, 2, pad, 3, image]
 
 
 def test_server_vad_two_turns_on_vllm(served) -> None:

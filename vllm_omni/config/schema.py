@@ -35,7 +35,8 @@ class EngineArgs(_Strict):
     trust_remote_code: bool = False
     dtype: str | None = None
     # Most items of each modality in one thinker prompt, on both backends; a conversation with
-    # more loses the oldest turns' audio first (engine/orchestrator.py). Unlisted: DEFAULT_MM_LIMIT.
+    # more loses its oldest items of that modality first (engine/prompting.py). Unlisted:
+    # DEFAULT_MM_LIMIT.
     limit_mm_per_prompt: dict[str, NonNegativeInt] = Field(default_factory=dict)
     extra: dict[str, Any] = Field(default_factory=dict)
 

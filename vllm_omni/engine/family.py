@@ -64,15 +64,20 @@ class ModelFamily(Protocol):
     def audio_stream(self) -> AudioInputStream:
         """A stream computing the family's audio input features as samples arrive."""
 
+    def decode_image(self, data: bytes) -> Any:
+        """The family's input for one encoded image (JPEG or PNG bytes), handed back to
+        `render`; raise ValueError naming the problem when the bytes are not such an image."""
+
     def make_programs(self) -> dict[str, StageProgram | AsyncStageDriver]:
         """Per role: a step program (torch backend) or an engine driver (vllm backend)."""
 
     def render(self, messages: Sequence[dict[str, Any]], audio_features: Sequence[Any],
-               tools: Sequence[dict[str, Any]] = (), call_tool: bool = False) -> Prompt:
-        """The first stage's prompt from chat-template messages (content parts of type 'text'
-        or 'audio'; assistant `tool_calls`, "tool" results); `audio_features[i]` belongs to the
-        i-th audio part. `tools` ({"name", "description", "parameters"}) are offered the way the
-        checkpoint's template does it; `call_tool` ends the prompt at the opening of a tool call."""
+               tools: Sequence[dict[str, Any]] = (), call_tool: bool = False, images: Sequence[Any] = ()) -> Prompt:
+        """The first stage's prompt from chat-template messages (content parts of type 'text',
+        'audio' or 'image'; assistant `tool_calls`, "tool" results); `audio_features[i]` belongs
+        to the i-th audio part, `images[i]` (from `decode_image`) to the i-th image part.
+        `tools` ({"name", "description", "parameters"}) are offered the way the checkpoint's
+        template does it; `call_tool` ends the prompt at the opening of a tool call."""
 
     def check_speaker(self, speaker: str) -> None:
         """Raise ValueError naming the known voices if `speaker` is not one."""

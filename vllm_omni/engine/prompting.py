@@ -1,54 +1,66 @@
 """A request's conversation as chat-template messages, fitted to what the first stage takes.
 
-Messages become the Hugging Face chat-template shape (content parts of type 'text' and
-'audio') plus the audio features of each turn; the family renders them. When the
-conversation holds more audio items than the text stage's `limit_mm_per_prompt`, the oldest
-turns lose their audio; when it outgrows the context, the oldest turns are left out (system
-instructions and the current turn always stay).
+Messages become the Hugging Face chat-template shape (content parts of type 'image',
+'audio' and 'text', in that order within a user turn) plus each turn's media inputs: the
+family's decoded images and the audio features; the family renders them. When the
+conversation holds more items of a modality than the text stage's `limit_mm_per_prompt`,
+the oldest items of that modality go first; when it outgrows the context, the oldest turns
+are left out (system instructions and the current turn always stay).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_omni.audio.pcm import validate_model_audio
 from vllm_omni.engine.family import ModelFamily, Prompt
 from vllm_omni.engine.request import Message, RequestError
 
-Turn = tuple[dict[str, Any], Any]  # (chat-template message, its audio features or None)
+MEDIA = ("image", "audio")  # content part types carrying a media input; also `limit_mm_per_prompt` keys
+
+
+@dataclass
+class Turn:
+    message: dict[str, Any]  # chat-template message
+    # per part type in MEDIA: the inputs of the message's parts of that type, in order
+    media: dict[str, list[Any]] = field(default_factory=lambda: {modality: [] for modality in MEDIA})
 
 
 def render_conversation(family: ModelFamily, messages: list[Message], tools: list[dict[str, Any]] = (),
                         call_tool: bool = False) -> Prompt:
     """`tools` are offered in the prompt; `call_tool` makes the prompt open a tool call."""
     turns = [chat_turn(family, message, f"messages[{i}]") for i, message in enumerate(messages)]
-    if not turns or turns[-1][0]["role"] not in ("user", "tool"):
+    if not turns or turns[-1].message["role"] not in ("user", "tool"):
         raise RequestError("messages: the last turn must be the user's (or a tool result)")
-    fit_audio_limit(turns, family.deploy.stage_by_role(family.text_role).engine_args.mm_limit("audio"),
-                    family.text_role)
+    engine_args = family.deploy.stage_by_role(family.text_role).engine_args
+    for modality in MEDIA:
+        fit_media_limit(turns, modality, engine_args.mm_limit(modality), family.text_role)
     while True:
-        prompt = family.render([m for m, _ in turns], [f for _, f in turns if f is not None], tools, call_tool)
+        prompt = family.render([t.message for t in turns], [f for t in turns for f in t.media["audio"]], tools,
+                               call_tool, images=[image for t in turns for image in t.media["image"]])
         if len(prompt) < family.max_model_len:
             return prompt
-        oldest = next((i for i, (m, _) in enumerate(turns[:-1]) if m["role"] != "system"), None)
+        oldest = next((i for i, t in enumerate(turns[:-1]) if t.message["role"] != "system"), None)
         if oldest is None:
             raise RequestError(f"prompt is {len(prompt)} tokens; the model's context is {family.max_model_len}")
         del turns[oldest]
 
 
-def fit_audio_limit(turns: list[Turn], limit: int, stage: str) -> None:
-    """Keep at most `limit` audio items (vLLM refuses more; the torch backend keeps the same
-    limit): the oldest turns with audio lose it, and a turn left without text goes. Each turn
-    carries at most one audio item."""
-    while sum(features is not None for _, features in turns) > limit:
-        oldest = next((i for i, (_, f) in enumerate(turns[:-1]) if f is not None), None)
+def fit_media_limit(turns: list[Turn], modality: str, limit: int, stage: str) -> None:
+    """Keep at most `limit` items of `modality` (vLLM refuses more; the torch backend keeps the
+    same limit): the oldest items go first, and a turn left with no content goes. Items of the
+    current turn are never dropped: if they alone are too many, the request is refused."""
+    while sum(len(t.media[modality]) for t in turns) > limit:
+        oldest = next((i for i, t in enumerate(turns[:-1]) if t.media[modality]), None)
         if oldest is None:
-            raise RequestError(f"the current turn carries audio, but the {stage} stage's limit_mm_per_prompt "
-                               f"allows {limit} audio items per prompt")
-        message, _ = turns[oldest]
-        text = [part for part in message["content"] if part["type"] != "audio"]
-        if text:
-            turns[oldest] = ({**message, "content": text}, None)
+            raise RequestError(f"the current turn carries {len(turns[-1].media[modality])} {modality} item(s), but "
+                               f"the {stage} stage's limit_mm_per_prompt allows {limit} {modality} items per prompt")
+        turn = turns[oldest]
+        parts = list(turn.message["content"])
+        del parts[next(i for i, part in enumerate(parts) if part["type"] == modality)]
+        if parts:
+            turns[oldest] = Turn({**turn.message, "content": parts}, {**turn.media, modality: turn.media[modality][1:]})
         else:
             del turns[oldest]
 
@@ -57,9 +69,12 @@ def chat_turn(family: ModelFamily, message: Message, where: str) -> Turn:
     if message.role not in ("system", "user", "assistant", "tool"):
         raise RequestError(f"{where}.role: expected system, user, assistant or tool, got {message.role!r}")
     if message.role == "tool":
-        return {"role": "tool", "content": message.text or "", "tool_call_id": message.tool_call_id}, None
+        return Turn({"role": "tool", "content": message.text or "", "tool_call_id": message.tool_call_id})
+    turn = Turn({"role": message.role})
     parts: list[dict[str, Any]] = []
-    features = None
+    if message.images:
+        turn.media["image"] = decoded_images(family, message, where)
+        parts += [{"type": "image"} for _ in message.images]
     if message.audio is not None or message.audio_stream is not None:
         if message.role != "user":
             raise RequestError(f"{where}: only user turns may carry audio")
@@ -68,7 +83,7 @@ def chat_turn(family: ModelFamily, message: Message, where: str) -> Turn:
             if stream is None:
                 stream = family.audio_stream()
                 stream.append(validate_model_audio(message.audio, message.sample_rate, f"{where}.audio"))
-            features = stream.close()
+            turn.media["audio"].append(stream.close())
         except ValueError as exc:
             source = "audio" if message.audio_stream is None else "audio_stream"
             text = str(exc) if str(exc).startswith(where) else f"{where}.{source}: {exc}"
@@ -79,11 +94,28 @@ def chat_turn(family: ModelFamily, message: Message, where: str) -> Turn:
     if message.tool_calls and message.role != "assistant":
         raise RequestError(f"{where}: only assistant turns carry tool calls")
     if not parts and not message.tool_calls:
-        raise RequestError(f"{where}: has neither text nor audio")
-    content = parts[0]["text"] if message.role == "system" and len(parts) == 1 else parts
-    turn: dict[str, Any] = {"role": message.role, "content": content}
+        raise RequestError(f"{where}: has neither text nor audio nor images")
+    turn.message["content"] = parts[0]["text"] if message.role == "system" and len(parts) == 1 else parts
     if message.tool_calls:
-        turn["tool_calls"] = [{"type": "function", "id": call.call_id,
-                               "function": {"name": call.name, "arguments": call.arguments}}
-                              for call in message.tool_calls]
-    return turn, features
+        turn.message["tool_calls"] = [{"type": "function", "id": call.call_id,
+                                       "function": {"name": call.name, "arguments": call.arguments}}
+                                      for call in message.tool_calls]
+    return turn
+
+
+def decoded_images(family: ModelFamily, message: Message, where: str) -> list[Any]:
+    """The family's inputs for a user turn's encoded images; bytes it cannot decode fail the
+    request, naming the image."""
+    if message.role != "user":
+        raise RequestError(f"{where}: only user turns may carry images")
+    if not isinstance(message.images, (list, tuple)):
+        raise RequestError(f"{where}.images: expected a list of encoded images, got {type(message.images).__name__}")
+    decoded = []
+    for i, data in enumerate(message.images):
+        if not isinstance(data, (bytes, bytearray)):
+            raise RequestError(f"{where}.images[{i}]: expected JPEG or PNG bytes, got {type(data).__name__}")
+        try:
+            decoded.append(family.decode_image(bytes(data)))
+        except ValueError as exc:
+            raise RequestError(f"{where}.images[{i}]: {exc}") from None
+    return decoded

@@ -67,9 +67,12 @@ class ToolCall:
 @dataclass
 class Message:
     """One conversation turn. A user turn may carry text, audio (16 kHz mono float32), or
-    an `AudioInputStream` that is still being filled when the request is submitted. An
-    assistant turn may carry the tool calls it made; a "tool" turn carries one call's result
-    (`text`) for `tool_call_id`."""
+    an `AudioInputStream` that is still being filled when the request is submitted, and
+    images: encoded JPEG or PNG bytes, decoded by the model family when it builds the prompt
+    (bytes it cannot decode fail the request, naming the image). The model sees a user
+    turn's images first, in order, then its audio, then its text. An assistant turn may
+    carry the tool calls it made; a "tool" turn carries one call's result (`text`) for
+    `tool_call_id`."""
 
     role: Literal["system", "user", "assistant", "tool"]
     text: str | None = None
@@ -78,6 +81,7 @@ class Message:
     audio_stream: AudioInputStream | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_call_id: str | None = None
+    images: list[bytes] = field(default_factory=list)
 
 
 ToolChoice = Literal["auto", "none", "required"] | str  # or the name of the one function to call

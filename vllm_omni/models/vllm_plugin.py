@@ -5,9 +5,11 @@ class path, so nothing heavy is imported until vLLM builds the model."""
 from __future__ import annotations
 
 QWEN3_OMNI_TALKER = "Qwen3OmniTalkerForVllm"
+QWEN3_OMNI_THINKER = "Qwen3OmniThinkerForVllm"
 
 OUT_OF_TREE_MODELS = {
     QWEN3_OMNI_TALKER: f"vllm_omni.models.qwen3_omni.vllm_backend.talker_model:{QWEN3_OMNI_TALKER}",
+    QWEN3_OMNI_THINKER: f"vllm_omni.models.qwen3_omni.vllm_backend.thinker_model:{QWEN3_OMNI_THINKER}",
 }
 
 

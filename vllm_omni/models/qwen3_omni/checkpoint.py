@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 from torch import nn
 from transformers import (
+    AutoImageProcessor,
     AutoTokenizer,
     PreTrainedTokenizerBase,
     Qwen3OmniMoeConfig,
@@ -43,6 +45,7 @@ class Qwen3OmniCheckpoint:
     talker: nn.Module
     code2wav: nn.Module
     model: Qwen3OmniMoeForConditionalGeneration | None = None  # the whole model, when loaded
+    image_processor: Any = None  # the checkpoint's saved image processor; None if it has none (images.py)
 
 
 class BridgeModules(nn.Module):
@@ -111,12 +114,21 @@ def _load_bridge_only(folder: Path, config: Qwen3OmniMoeConfig, dtype: torch.dty
     return thinker, talker, code2wav
 
 
+def _image_processor(path: str | Path) -> Any:
+    """The checkpoint's saved image processor, or None if it ships none (it then takes no images)."""
+    try:
+        return AutoImageProcessor.from_pretrained(str(path), local_files_only=True)
+    except OSError:
+        return None
+
+
 def load_checkpoint(path: str | Path, dtype: str = "float32", bridge_only: bool = False) -> Qwen3OmniCheckpoint:
-    """Load weights and tokenizer with no network access (`local_files_only`);
-    `bridge_only` when the thinker and the talker run in vLLM engines."""
+    """Load weights, tokenizer and image processor with no network access
+    (`local_files_only`); `bridge_only` when the thinker and the talker run in vLLM engines."""
     if dtype not in DTYPES:
         raise ValueError(f"unsupported dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    image_processor = _image_processor(path)
     if bridge_only:
         folder = _local_dir(path)
         config = Qwen3OmniMoeConfig.from_pretrained(str(folder), local_files_only=True)
@@ -124,10 +136,11 @@ def load_checkpoint(path: str | Path, dtype: str = "float32", bridge_only: bool 
             raise ValueError(f"{path}: checkpoint has no talker (enable_audio_output is false)")
         thinker, talker, code2wav = _load_bridge_only(folder, config, DTYPES[dtype])
         return Qwen3OmniCheckpoint(path=str(path), config=config, tokenizer=tokenizer, thinker=thinker,
-                                   talker=talker, code2wav=code2wav)
+                                   talker=talker, code2wav=code2wav, image_processor=image_processor)
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
         str(path), dtype=DTYPES[dtype], local_files_only=True).eval()
     if not model.has_talker:
         raise ValueError(f"{path}: checkpoint has no talker (enable_audio_output is false)")
     return Qwen3OmniCheckpoint(path=str(path), config=model.config, tokenizer=tokenizer, thinker=model.thinker,
-                               talker=model.talker, code2wav=model.code2wav, model=model)
+                               talker=model.talker, code2wav=model.code2wav, model=model,
+                               image_processor=image_processor)

@@ -25,6 +25,7 @@ from vllm_omni.engine.family import Route
 from vllm_omni.engine.request import AudioInputStream, RequestError
 from vllm_omni.engine.stage_api import AsyncStageDriver, StageDone, StageProgram, TextToken
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint, load_checkpoint
+from vllm_omni.models.qwen3_omni.images import ThinkerImage, decode_image
 from vllm_omni.models.qwen3_omni.messages import (
     SAMPLE_RATE,
     CodecChunk,
@@ -148,9 +149,15 @@ class Qwen3OmniFamily:
         return min(configured or model_limit, model_limit)
 
     def render(self, messages: Sequence[dict[str, Any]], audio_features: Sequence[torch.Tensor],
-               tools: Sequence[dict[str, Any]] = (), call_tool: bool = False) -> ThinkerPrompt:
+               tools: Sequence[dict[str, Any]] = (), call_tool: bool = False,
+               images: Sequence[ThinkerImage] = ()) -> ThinkerPrompt:
         return render_prompt(self.checkpoint.tokenizer, self.checkpoint.config, messages, audio_features, tools,
-                             call_tool)
+                             call_tool, images)
+
+    def decode_image(self, data: bytes) -> ThinkerImage:
+        if self.checkpoint.image_processor is None:
+            raise ValueError(f"the checkpoint {self.checkpoint.path} has no image processor, so it takes no images")
+        return decode_image(self.checkpoint.image_processor, data)
 
     def tool_call_parser(self, forced: bool) -> QwenToolCallParser:
         return QwenToolCallParser(self.checkpoint.tokenizer, forced)
@@ -206,7 +213,7 @@ class Qwen3OmniFamily:
         out: Route = []
         if isinstance(event, ThinkerPrefilled):
             state.talker_started = True
-            out.append(("talker", TalkerJob(event.input_ids, event.prefill, state.speaker,
+            out.append(("talker", TalkerJob(event.prompt, event.prefill, state.speaker,
                                             state.talker_sampling)))
         elif isinstance(event, TextToken):
             first, state.seen_first_token = not state.seen_first_token, True

@@ -33,13 +33,13 @@ class ThinkerJob:
 class ThinkerPrefilled:
     """What the talker's prompt is built from (sent once the first token exists)."""
 
-    input_ids: list[int]
+    prompt: ThinkerPrompt
     prefill: ThinkerPrefill
 
 
 @dataclass(frozen=True)
 class TalkerJob:
-    input_ids: list[int]
+    prompt: ThinkerPrompt  # the thinker's: its ids and media lay out the talker's prompt (talker_bridge.py)
     prefill: ThinkerPrefill
     speaker: str
     sampling: SamplingParams

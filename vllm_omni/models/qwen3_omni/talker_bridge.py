@@ -11,7 +11,10 @@ Layout (qwen3-omni-pipeline.md §4), computed as transformers' `generate` does:
 * then one trailing row per talker step: each later generated token that the thinker fed
   back (the last generated token is never fed), then tts_eos once, then tts_pad.
 
-The talker can therefore start as soon as the thinker has sampled its first token.
+The talker can therefore start as soon as the thinker has sampled its first token. Its
+prompt's M-RoPE positions are computed as transformers' talker computes them from its
+input ids (the user positions' thinker ids, then tts_pad per assistant row): sequential,
+unless images lie in the user turns (positions.py).
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from transformers import Qwen3OmniMoeConfig
 
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
 from vllm_omni.models.qwen3_omni.messages import ThinkerPrefill
+from vllm_omni.models.qwen3_omni.positions import prompt_positions
+from vllm_omni.models.qwen3_omni.prompt import ThinkerPrompt
+
+ASSISTANT_ROWS = 9  # rows of the last assistant segment in the talker's prompt (see above)
 
 
 @dataclass
@@ -96,6 +103,13 @@ class ThinkerToTalkerBridge:
         codec_part = torch.cat((torch.zeros(1, 3, text_part.shape[-1], dtype=talker.dtype),
                                 talker.get_input_embeddings()(codec_ids)), dim=1)
         return torch.cat((user_rows[None], text_part + codec_part), dim=1)
+
+    def prompt_positions(self, prompt: ThinkerPrompt) -> tuple[torch.Tensor, int]:
+        """M-RoPE positions [4, 1, P_talker] of the talker's prompt rows and their rope delta."""
+        ids = torch.tensor(prompt.input_ids)
+        user_ids = ids[user_positions(ids, self.config.im_start_token_id, self.config.user_token_id)].tolist()
+        talker_ids = user_ids + [self.config.tts_pad_token_id] * ASSISTANT_ROWS
+        return prompt_positions(self.config, talker_ids, prompt.audio_lengths, prompt.image_grid_thw)
 
     @torch.no_grad()
     def trailing_rows(self, token_ids: list[int]) -> torch.Tensor:

@@ -61,8 +61,11 @@ def tiny_config_kwargs() -> dict[str, Any]:
                           num_attention_heads=2, num_key_value_heads=1, head_dim=HEAD_DIM,
                           num_code_groups=16, max_position_embeddings=4096, rms_norm_eps=1e-6,
                           rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
+    # accept_hidden_layer lies past the thinker layers that take deepstack visual features (one
+    # per entry of deepstack_visual_indexes), as in the real checkpoint (24 > 3): there vLLM's
+    # thinker and transformers' agree on the layer's output (vllm_backend/capture.py).
     talker = dict(text_config=talker_text, code_predictor_config=code_predictor, num_code_groups=16,
-                  thinker_hidden_size=64, accept_hidden_layer=2,
+                  thinker_hidden_size=64, accept_hidden_layer=3,
                   spatial_merge_size=2,  # not a declared field; read by the talker's __init__
                   speaker_id=dict(SPEAKERS), position_id_per_seconds=13, seconds_per_chunk=2,
                   audio_token_id=AUDIO_PAD, image_token_id=IMAGE_PAD, video_token_id=VIDEO_PAD,

@@ -54,7 +54,7 @@ class ThinkerProgram:
             prefill = self.runner.prefill(seq)
             self._prefilled.add(request_id)
             if job.report_prefill and not seq.finished:
-                emit(request_id, ThinkerPrefilled(job.prompt.input_ids, prefill))
+                emit(request_id, ThinkerPrefilled(job.prompt, prefill))
             token = prefill.first_token
         else:
             token = self.runner.decode(seq)
@@ -125,7 +125,8 @@ class TalkerProgram:
         runner, seq = self.runner, state.seq
         if not state.prefilled:
             job = state.job
-            runner.prefill(seq, self.bridge.prompt_embeddings(job.input_ids, job.prefill, job.speaker))
+            runner.prefill(seq, self.bridge.prompt_embeddings(job.prompt.input_ids, job.prefill, job.speaker),
+                           *self.bridge.prompt_positions(job.prompt))
             state.prefilled = True
         elif state.next_codec_sum is not None and self._text_ready(state):
             runner.decode(seq, state.next_codec_sum + self._next_text_row(state))

@@ -18,7 +18,7 @@ from transformers.cache_utils import DynamicCache
 from vllm_omni.config import SamplingParams
 from vllm_omni.engine.backends.torch_sampling import TokenSampler, apply_repetition_penalty
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
-from vllm_omni.models.qwen3_omni.torch_backend.thinker import mrope_positions
+from vllm_omni.models.qwen3_omni.positions import step_positions
 
 SUPPRESSED_TAIL = 1024  # the last 1024 codec ids are control tokens, never sampled (but EOS)
 
@@ -37,6 +37,7 @@ class TalkerSequence:
     sampler: TokenSampler
     residual_sampler: TokenSampler
     prompt_length: int = 0
+    rope_delta: int = 0  # of the prompt's M-RoPE positions (talker_bridge.py), added to later t/h/w rows
     codes0: list[int] = field(default_factory=list)  # sampled codebook-0 ids
     last_hidden: torch.Tensor | None = None  # [1, 1, D] talker output at the last position
     steps: int = 0  # decode steps done (= trailing rows consumed)
@@ -63,11 +64,11 @@ class TorchTalker:
         return bool(seq.codes0) and (seq.codes0[-1] == self.eos_token_id
                                      or len(seq.codes0) >= seq.sampling.max_tokens)
 
-    def _forward(self, seq: TalkerSequence, embeds: torch.Tensor) -> int:
-        start = seq.prompt_length + seq.steps if seq.codes0 else 0
-        length = embeds.shape[1]
-        out = self.module(inputs_embeds=embeds, attention_mask=torch.ones(1, start + length, dtype=torch.long),
-                          position_ids=mrope_positions(start, length), past_key_values=seq.cache,
+    def _forward(self, seq: TalkerSequence, embeds: torch.Tensor, positions: torch.Tensor) -> int:
+        """`positions` [4, 1, n] of the `embeds` rows [1, n, D]; their text row ends at the cache's length."""
+        out = self.module(inputs_embeds=embeds,
+                          attention_mask=torch.ones(1, int(positions[0, 0, -1]) + 1, dtype=torch.long),
+                          position_ids=positions, past_key_values=seq.cache,
                           use_cache=True, output_hidden_states=True,
                           generation_step=seq.steps)  # only echoed back by transformers
         seq.last_hidden = out.hidden_states[0][-1][:, -1:]
@@ -81,9 +82,11 @@ class TorchTalker:
         return token
 
     @torch.no_grad()
-    def prefill(self, seq: TalkerSequence, prompt_embeds: torch.Tensor) -> int:
-        seq.prompt_length = prompt_embeds.shape[1]
-        return self._forward(seq, prompt_embeds.to(self.module.dtype))
+    def prefill(self, seq: TalkerSequence, prompt_embeds: torch.Tensor, positions: torch.Tensor,
+                rope_delta: int) -> int:
+        """`prompt_embeds` [1, P, D] at `positions` [4, 1, P] (talker_bridge.py)."""
+        seq.prompt_length, seq.rope_delta = prompt_embeds.shape[1], rope_delta
+        return self._forward(seq, prompt_embeds.to(self.module.dtype), positions)
 
     @torch.no_grad()
     def complete_frame(self, seq: TalkerSequence) -> tuple[list[int], torch.Tensor]:
@@ -111,6 +114,6 @@ class TorchTalker:
     @torch.no_grad()
     def decode(self, seq: TalkerSequence, next_input: torch.Tensor) -> int:
         """One talker step on `next_input` [1, 1, D]; returns the next codebook-0 id."""
-        token = self._forward(seq, next_input)
+        token = self._forward(seq, next_input, step_positions(seq.prompt_length + seq.steps, 1, seq.rope_delta))
         seq.steps += 1
         return token

@@ -1,9 +1,10 @@
 """Thinker on the torch backend: transformers' own module, one KV cache per request.
 
 Each call runs one request's prefill or one decode step with exactly the inputs that
-transformers' `generate` would use (4-row M-RoPE position ids, an all-ones attention
-mask), so greedy tokens equal the reference. Requests interleave step by step; each keeps
-its own cache, so concurrent requests do not change each other's results.
+transformers' `generate` would use (audio features, image patches and their grids, 4-row
+M-RoPE position ids from its `get_rope_index` (positions.py), an all-ones attention mask),
+so greedy tokens equal the reference. Requests interleave step by step; each keeps its own
+cache and rope delta, so concurrent requests do not change each other's results.
 """
 
 from __future__ import annotations
@@ -17,12 +18,8 @@ from vllm_omni.config import SamplingParams
 from vllm_omni.engine.backends.torch_sampling import TokenSampler, apply_repetition_penalty
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
 from vllm_omni.models.qwen3_omni.messages import ThinkerPrefill
+from vllm_omni.models.qwen3_omni.positions import prompt_positions, step_positions
 from vllm_omni.models.qwen3_omni.prompt import ThinkerPrompt
-
-
-def mrope_positions(start: int, length: int) -> torch.Tensor:
-    """[4, 1, length] positions (text row + t/h/w rows); equal rows for text and audio input."""
-    return torch.arange(start, start + length).view(1, 1, -1).expand(4, 1, -1)
 
 
 @dataclass
@@ -33,6 +30,7 @@ class ThinkerSequence:
     cache: DynamicCache
     sampler: TokenSampler
     generated: list[int] = field(default_factory=list)
+    rope_delta: int = 0  # of the prompt's M-RoPE positions, added to every later one's t/h/w rows
 
     @property
     def stopped(self) -> bool:
@@ -69,22 +67,32 @@ class TorchThinker:
         seq.generated.append(token)
         return token
 
-    @torch.no_grad()
-    def prefill(self, seq: ThinkerSequence) -> ThinkerPrefill:
-        prompt = seq.prompt
+    def _media_inputs(self, prompt: ThinkerPrompt) -> dict[str, torch.Tensor]:
+        """The prompt's audio features (padded, with their mask) and image patches, as the
+        checkpoint's processor hands them to transformers' thinker."""
         inputs: dict[str, torch.Tensor] = {}
         if prompt.audio_features:
-            frames = [f.shape[-1] for f in prompt.audio_features]
+            frames = prompt.audio_lengths
             features = torch.zeros(len(frames), prompt.audio_features[0].shape[0], max(frames))
             mask = torch.zeros(len(frames), max(frames), dtype=torch.long)
             for i, f in enumerate(prompt.audio_features):
                 features[i, :, : f.shape[-1]] = f
                 mask[i, : f.shape[-1]] = 1
             inputs = {"input_features": features.to(self.module.dtype), "feature_attention_mask": mask}
-        length = len(prompt.input_ids)
-        out = self.module(input_ids=torch.tensor([prompt.input_ids]), attention_mask=torch.ones(1, length,
-                          dtype=torch.long), position_ids=mrope_positions(0, length),
-                          past_key_values=seq.cache, use_cache=True, output_hidden_states=True, **inputs)
+        if prompt.images:
+            inputs["pixel_values"] = torch.cat([image.pixel_values for image in prompt.images])
+            inputs["image_grid_thw"] = prompt.image_grid_thw
+        return inputs
+
+    @torch.no_grad()
+    def prefill(self, seq: ThinkerSequence) -> ThinkerPrefill:
+        prompt = seq.prompt
+        positions, seq.rope_delta = prompt_positions(self.config, prompt.input_ids, prompt.audio_lengths,
+                                                     prompt.image_grid_thw)
+        out = self.module(input_ids=torch.tensor([prompt.input_ids]),
+                          attention_mask=torch.ones(1, len(prompt), dtype=torch.long), position_ids=positions,
+                          past_key_values=seq.cache, use_cache=True, output_hidden_states=True,
+                          **self._media_inputs(prompt))
         token = self._choose(seq, out.logits[0, -1])
         return ThinkerPrefill(first_token=token, embeddings=out.hidden_states[0][0],
                               accept_hidden=out.hidden_states[self.accept_layer][0])
@@ -95,7 +103,8 @@ class TorchThinker:
         past = len(seq.prompt.input_ids) + len(seq.generated) - 1
         out = self.module(input_ids=torch.tensor([[seq.generated[-1]]]),
                           attention_mask=torch.ones(1, past + 1, dtype=torch.long),
-                          position_ids=mrope_positions(past, 1), past_key_values=seq.cache, use_cache=True)
+                          position_ids=step_positions(past, 1, seq.rope_delta), past_key_values=seq.cache,
+                          use_cache=True)
         return self._choose(seq, out.logits[0, -1])
 
     @torch.no_grad()

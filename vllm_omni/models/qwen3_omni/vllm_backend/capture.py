@@ -10,6 +10,10 @@ ordinary output), and files the rows under their request ids using the batch lay
 is patched; the runner subclass works for the CPU and the GPU runner alike. The rows stay
 in the worker until the orchestrator takes them with `collective_rpc`
 ("omni_take_hidden_rows"), once the request's first token exists.
+
+vLLM takes a layer's output after the deepstack visual features are added to it,
+transformers before; the two agree when `accept_hidden_layer` lies past the layers that take
+deepstack features, as in the real checkpoint (24 > 3) and the tiny one (tiny/config.py).
 """
 
 from __future__ import annotations

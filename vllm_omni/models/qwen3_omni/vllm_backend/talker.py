@@ -1,10 +1,11 @@
 """The talker on vLLM: our out-of-tree `Qwen3OmniTalkerForVllm` behind AsyncLLM.
 
 Per request: the bridge builds the prompt rows from the thinker's hidden rows (as on the
-torch backend) and the request goes in as `prompt_embeds`. Text the thinker feeds back
-arrives later (`feed`) and is pushed, in order, into the engine's `TextFeed` by one
-pusher task per request; the engine's scheduler holds a decode step until its text row
-exists. Each engine output carries new codebook-0 ids; the frames they complete (codes
+torch backend) and the request goes in as `prompt_embeds`, with the rows' M-RoPE positions
+when images make them non-sequential (the worker installs them, talker_worker.py). Text
+the thinker feeds back arrives later (`feed`) and is pushed, in order, into the engine's
+`TextFeed` by one pusher task per request; the engine's scheduler holds a decode step
+until its text row exists. Each engine output carries new codebook-0 ids; the frames they complete (codes
 1..15 from the code predictor, run inside the next talker step) are taken with
 `collective_rpc("omni_take_frames")` (one call for all requests waiting, `FramePump`)
 and emitted as `CodecFrame`s. The last sampled id
@@ -23,7 +24,12 @@ from vllm_omni.engine.stage_api import Emit, StageDone
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
 from vllm_omni.models.qwen3_omni.messages import CodecFrame, TalkerJob, ThinkerFinished, TrailingText
 from vllm_omni.models.qwen3_omni.talker_bridge import ThinkerToTalkerBridge
-from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import IGNORE_EOS_KEY, REPETITION_PENALTY_KEY
+from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import (
+    IGNORE_EOS_KEY,
+    MROPE_POSITIONS_KEY,
+    REPETITION_PENALTY_KEY,
+    ROPE_DELTA_KEY,
+)
 from vllm_omni.models.qwen3_omni.vllm_backend.workers import worker_path
 from vllm_omni.models.vllm_plugin import QWEN3_OMNI_TALKER
 
@@ -140,15 +146,19 @@ class VllmTalkerDriver(VllmEngineDriver):
         if not isinstance(message, TalkerJob):
             raise TypeError(f"talker cannot start with {type(message).__name__}")
         job, params = message, message.sampling
+        extra: dict[str, Any] = {REPETITION_PENALTY_KEY: params.repetition_penalty, IGNORE_EOS_KEY: params.ignore_eos}
+        if job.prompt.images:  # otherwise sequential, as the model's own `get_mrope_input_positions` gives them
+            positions, delta = self.bridge.prompt_positions(job.prompt)
+            extra |= {MROPE_POSITIONS_KEY: positions[1:, 0].tolist(), ROPE_DELTA_KEY: delta}
         sampling = vllm_sampling(
             params, [] if params.ignore_eos else [self.eos_token_id],
             repetition_penalty=1.0, ignore_eos=False,  # both applied by the model (vllm_talker_model.py)
-            extra_args={REPETITION_PENALTY_KEY: params.repetition_penalty, IGNORE_EOS_KEY: params.ignore_eos})
+            extra_args=extra)
         pusher = asyncio.create_task(self._push_text(request_id, self._text_queue(request_id)))
         codes0: list[int] = []
         frames = 0
         try:
-            embeds = self.bridge.prompt_embeddings(job.input_ids, job.prefill, job.speaker)[0]
+            embeds = self.bridge.prompt_embeddings(job.prompt.input_ids, job.prefill, job.speaker)[0]
             prompt = {"prompt_embeds": embeds.contiguous()}
             # aclosing: however the loop ends, vLLM aborts the request before it is forgotten below
             async with aclosing(self.engine.generate(prompt, sampling, request_id)) as outputs:

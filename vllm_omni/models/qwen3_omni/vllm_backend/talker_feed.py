@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 # Talker sampling fields the model applies itself travel in vLLM's SamplingParams.extra_args.
 REPETITION_PENALTY_KEY = "omni_repetition_penalty"
 IGNORE_EOS_KEY = "omni_ignore_eos"
+# So do the prompt's M-RoPE positions where they are not sequential (images in the user
+# turns, talker_bridge.py): the t/h/w rows [3][P], and the rope delta of every later position.
+MROPE_POSITIONS_KEY = "omni_mrope_positions"
+ROPE_DELTA_KEY = "omni_rope_delta"
 
 
 def external_request_id(internal_id: str) -> str:

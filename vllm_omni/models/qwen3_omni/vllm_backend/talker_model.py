@@ -59,6 +59,7 @@ class PlannedRequest:
     start: int
     count: int
     prompt_length: int
+    computed: int  # the request's rows computed before this step (its first row's index in the sequence)
     sampling: SamplingParams
 
 
@@ -66,7 +67,6 @@ class PlannedRequest:
 class TalkerStepPlan:
     requests: list[PlannedRequest]
     token_ids: torch.Tensor  # [num_tokens] scheduled ids; a decode row holds the last sampled codebook-0 id
-    positions: torch.Tensor  # [num_tokens]
 
 
 @dataclass
@@ -85,8 +85,8 @@ class TalkerDecoderLayer(nn.Module):
         self.self_attn = Qwen3MoeAttention(
             hidden_size=config.hidden_size, num_heads=config.num_attention_heads,
             num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
-            # Talker positions are text-only: the M-RoPE streams are equal, i.e. plain RoPE.
-            rope_parameters={"rope_type": "default", "rope_theta": config.rope_parameters["rope_theta"]},
+            # M-RoPE: equal streams (plain RoPE) unless the prompt holds images (talker_worker.py).
+            rope_parameters=config.rope_parameters,
             max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.rms_norm_eps,
             cache_config=vllm_config.cache_config, quant_config=vllm_config.quant_config,
             prefix=f"{prefix}.self_attn")
@@ -128,7 +128,7 @@ class TalkerModel(nn.Module):
 
 
 class Qwen3OmniTalkerForVllm(nn.Module):
-    supports_mrope = True  # the checkpoint's config declares M-RoPE; positions are given below
+    supports_mrope = True
 
     hf_to_vllm_mapper = WeightsMapper(
         orig_to_new_prefix={"talker.": "", "thinker.model.embed_tokens.": "thinker_embedding."},
@@ -166,7 +166,8 @@ class Qwen3OmniTalkerForVllm(nn.Module):
     # vLLM model interface -------------------------------------------------------------
 
     def get_mrope_input_positions(self, input_tokens: list[int], mm_features=None, **kwargs):
-        """Text-only positions: the three M-RoPE streams are equal and sequential."""
+        """Sequential positions, the three M-RoPE streams equal: those of a prompt without images
+        (the worker installs the orchestrator's positions for one with images)."""
         return torch.arange(len(input_tokens)).view(1, -1).expand(3, -1).clone(), 0
 
     def embed_input_ids(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
@@ -174,8 +175,6 @@ class Qwen3OmniTalkerForVllm(nn.Module):
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors=None,
                 inputs_embeds: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
-        if positions.ndim == 2:  # M-RoPE layout [3, T] with equal rows
-            positions = positions[0]
         hidden = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
         if self.plan is not None:
             hidden = self._substitute_decode_inputs(self.plan, hidden)
@@ -250,8 +249,8 @@ class Qwen3OmniTalkerForVllm(nn.Module):
         new_rows: list[tuple[int, str, int, int]] = []  # (batch row, request, decode step, codebook-0 id)
         for planned in plan.requests:
             state = self.requests[planned.request_id]
-            # A request's rows have consecutive positions: skip its prompt rows without a loop.
-            first_step = int(plan.positions[planned.start]) - planned.prompt_length
+            # A request's rows are consecutive in its sequence: skip its prompt rows without a loop.
+            first_step = planned.computed - planned.prompt_length
             for row in range(planned.start + max(0, -first_step), planned.start + planned.count):
                 step = first_step + row - planned.start
                 if step < len(state.decode_inputs):  # recomputed after preemption: same input as before

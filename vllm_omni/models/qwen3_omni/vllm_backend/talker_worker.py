@@ -4,8 +4,10 @@ orchestrator calls through `collective_rpc` (push text, take finished frames, fo
 
 The plan is built in `_model_forward` (the runner has updated its persistent batch and
 prepared the inputs by then) from `input_batch.req_ids`, the scheduler's per-request
-token counts, the prepared positions and the scheduled token ids; it is cleared when
-`execute_model` returns, so vLLM's dummy and profiling runs see no plan.
+token counts, each request's computed-token count and the scheduled token ids; it is
+cleared when `execute_model` returns, so vLLM's dummy and profiling runs see no plan.
+A request whose prompt holds images brings its M-RoPE positions in its sampling params'
+`extra_args`; `_init_mrope_positions` installs them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from vllm_omni.config import SamplingParams
 from vllm_omni.engine.backends.vllm.workers import RunnerExtensionWorkerMixin
 from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import (
     IGNORE_EOS_KEY,
+    MROPE_POSITIONS_KEY,
     REPETITION_PENALTY_KEY,
+    ROPE_DELTA_KEY,
     TEXT_FEED,
     external_request_id,
 )
@@ -44,27 +48,36 @@ class _TalkerRunnerMixin:
             self._omni_scheduled = None
             self.get_model().plan = None
 
+    def _init_mrope_positions(self, req_state: Any) -> None:
+        """The prompt's positions as the orchestrator computed them, where it sent them."""
+        extra = req_state.sampling_params.extra_args or {}
+        if MROPE_POSITIONS_KEY not in extra:
+            super()._init_mrope_positions(req_state)
+            return
+        req_state.mrope_positions = torch.tensor(extra[MROPE_POSITIONS_KEY], dtype=torch.int64)
+        req_state.mrope_position_delta = extra[ROPE_DELTA_KEY]
+
     def _model_forward(self, *args: Any, **kwargs: Any) -> Any:
         if self._omni_scheduled is not None:
-            self.get_model().plan = self._omni_plan(kwargs["positions"])
+            self.get_model().plan = self._omni_plan()
         return super()._model_forward(*args, **kwargs)
 
-    def _omni_plan(self, positions: torch.Tensor) -> TalkerStepPlan:
+    def _omni_plan(self) -> TalkerStepPlan:
         scheduled = self._omni_scheduled
         total = scheduled.total_num_scheduled_tokens
         model = self.get_model()
         planned, start = [], 0
-        for req_id in self.input_batch.req_ids:
+        for index, req_id in enumerate(self.input_batch.req_ids):
             count = scheduled.num_scheduled_tokens.get(req_id, 0)
             if count:
                 request = self.requests[req_id]
                 state = model.requests.get(req_id) or model.begin_request(
                     req_id, planned_sampling(request.sampling_params))  # once per request, not per step
-                planned.append(PlannedRequest(req_id, start, count, request.num_prompt_tokens, state.sampling))
+                computed = int(self.input_batch.num_computed_tokens_cpu[index])  # rows before this step's
+                planned.append(PlannedRequest(req_id, start, count, request.num_prompt_tokens, computed,
+                                              state.sampling))
             start += count
-        flat_positions = positions[0] if positions.ndim == 2 else positions
-        return TalkerStepPlan(planned, token_ids=self.input_ids.gpu[:total].cpu(),
-                              positions=flat_positions[:total].cpu())
+        return TalkerStepPlan(planned, token_ids=self.input_ids.gpu[:total].cpu())
 
 
 class TalkerWorkerMixin(RunnerExtensionWorkerMixin):

@@ -1,11 +1,14 @@
-"""The thinker on vLLM: vLLM's own Qwen3-Omni thinker model class behind AsyncLLM.
+"""The thinker on vLLM: vLLM's own Qwen3-Omni thinker model class behind AsyncLLM (with a fix
+to its multimodal processor, thinker_model.py).
 
 Audio goes through vLLM's multimodal path as precomputed log-mel features (computed
 incrementally while the user spoke, audio/log_mel.py), which vLLM accepts with
 `enable_mm_embeds` and expands to the same number of `<|audio_pad|>` positions as
-transformers. The talker's prompt needs the thinker's layer-0 and accept-layer rows of the
-prompt; `vllm_capture.CaptureCPUWorker` keeps them in the worker and this driver takes
-them with one `collective_rpc` once the first token exists.
+transformers. Images go in decoded; vLLM runs the checkpoint's image processor on them and
+expands each `<|image_pad|>` as the orchestrator did (images.py). The talker's prompt needs
+the thinker's layer-0 and accept-layer rows of the prompt; `vllm_capture.CaptureCPUWorker`
+keeps them in the worker and this driver takes them with one `collective_rpc` once the
+first token exists.
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ from vllm_omni.engine.stage_api import Emit, StageDone, TextToken
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
 from vllm_omni.models.qwen3_omni.messages import ThinkerJob, ThinkerPrefill, ThinkerPrefilled
 from vllm_omni.models.qwen3_omni.vllm_backend.workers import worker_path
+from vllm_omni.models.vllm_plugin import QWEN3_OMNI_THINKER
 
 
-def collapse_audio_placeholders(input_ids: list[int], audio_token_id: int) -> list[int]:
-    """One `<|audio_pad|>` per audio item: vLLM's processor expands it from the features."""
+def collapse_placeholders(input_ids: list[int], placeholder_ids: tuple[int, ...]) -> list[int]:
+    """One pad per audio or image item: vLLM's processor expands it from the item. Items of
+    one modality never touch (each sits between its start and end tokens)."""
     collapsed: list[int] = []
     for token in input_ids:
-        if not (token == audio_token_id and collapsed and collapsed[-1] == audio_token_id):
+        if not (token in placeholder_ids and collapsed and collapsed[-1] == token):
             collapsed.append(token)
     return collapsed
 
@@ -38,15 +43,18 @@ class VllmThinkerDriver(VllmEngineDriver):
         super().__init__(checkpoint.path, stage)
         self.checkpoint = checkpoint
         self.eos_token_id = checkpoint.config.im_end_token_id
-        self.audio_token_id = checkpoint.config.thinker_config.audio_token_id
+        thinker = checkpoint.config.thinker_config
+        self.placeholder_ids = (thinker.audio_token_id, thinker.image_token_id)
 
     def engine_kwargs(self) -> dict[str, Any]:
-        # Audio: the stage's limit (vLLM's default when unset), which the orchestrator keeps
-        # prompts within. Images and video never come from this pipeline: 0 unless configured,
-        # so vLLM does not reserve memory for their encoders. Forced tool calls are compact
-        # JSON (xgrammar, no free whitespace between tokens, so a call always ends).
+        # Audio and images: the stage's limits (vLLM's default when unset), which the
+        # orchestrator keeps prompts within (engine/prompting.py); image: 0 reserves no memory
+        # for the vision encoder. Video never comes from this pipeline: 0 unless configured.
+        # Forced tool calls are compact JSON (xgrammar, no free whitespace between tokens, so a
+        # call always ends).
         return engine_kwargs(self.stage, self.checkpoint_path, enable_mm_embeds=True,
-                             limit_mm_per_prompt={"image": 0, "video": 0},
+                             hf_overrides={"architectures": [QWEN3_OMNI_THINKER]},
+                             limit_mm_per_prompt={"video": 0},
                              structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
                              worker_cls=worker_path("Capture", cpu=cpu_platform()))
 
@@ -59,16 +67,19 @@ class VllmThinkerDriver(VllmEngineDriver):
     def _prompt(self, job: ThinkerJob) -> Any:
         from vllm.inputs import TokensPrompt
 
-        ids = collapse_audio_placeholders(job.prompt.input_ids, self.audio_token_id)
+        ids = collapse_placeholders(job.prompt.input_ids, self.placeholder_ids)
+        data: dict[str, Any] = {}
         features = job.prompt.audio_features
-        if not features:
-            return TokensPrompt(prompt_token_ids=ids)
-        # vLLM's layout (its field config splits the features by `audio_feature_lengths` along
-        # time), so items of requests batched together in one encoder pass stay separable.
-        audio = {"input_audio_features": torch.cat(list(features), dim=-1),
-                 "audio_feature_lengths": torch.tensor([f.shape[-1] for f in features]),
-                 "feature_attention_mask": [torch.ones(f.shape[-1], dtype=torch.long) for f in features]}
-        return TokensPrompt(prompt_token_ids=ids, multi_modal_data={"audio": audio})
+        if features:
+            # vLLM's layout (its field config splits the features by `audio_feature_lengths` along
+            # time), so items of requests batched together in one encoder pass stay separable.
+            data["audio"] = {"input_audio_features": torch.cat(list(features), dim=-1),
+                             "audio_feature_lengths": torch.tensor([f.shape[-1] for f in features]),
+                             "feature_attention_mask": [torch.ones(f.shape[-1], dtype=torch.long) for f in features]}
+        if job.prompt.images:
+            data["image"] = [image.image for image in job.prompt.images]
+        return TokensPrompt(prompt_token_ids=ids, multi_modal_data=data) if data else TokensPrompt(
+            prompt_token_ids=ids)
 
     async def _prompt_rows(self, request_id: str, first_token: int, length: int) -> ThinkerPrefill:
         rows = (await self.engine.collective_rpc("omni_take_hidden_rows", args=(request_id,)))[0]
@@ -100,7 +111,7 @@ class VllmThinkerDriver(VllmEngineDriver):
             last = output.finished and i == len(tokens) - 1
             if not generated and job.report_prefill and not last:
                 prefill = await self._prompt_rows(request_id, token, len(job.prompt.input_ids))
-                emit(ThinkerPrefilled(job.prompt.input_ids, prefill))
+                emit(ThinkerPrefilled(job.prompt, prefill))
             generated.append(token)
             emit(TextToken(token, fed=not last))
         if output.finished:
