@@ -91,6 +91,7 @@ class ScriptedEngine:
     speakers: list[str] = field(default_factory=lambda: ["aria", "bruno"])
     default_speaker: str | None = "aria"
     output_sample_rate: int = 24000
+    accepts_images: bool = True
     requests: list[OmniRequest] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     _aborts: dict[str, asyncio.Event] = field(default_factory=dict)

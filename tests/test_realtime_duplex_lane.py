@@ -1,16 +1,20 @@
 """The duplex lane against a real server on the tiny duplex deploy (docs/realtime-api.md §13):
-autostart, a manual-commit turn answered with speech, playback acks, close; a handshake that
-fails; resume after a dropped socket, and every way a resume fails."""
+autostart, a manual-commit turn answered with speech, playback acks, close; images in the
+conversation; a handshake that fails; resume after a dropped socket, and every way a resume
+fails."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import io
 
 import pytest
 import websockets
+from PIL import Image
 
 from tests.realtime_helpers import MODEL_NAME, Client, append_events, fixture_pcm, running_server
+from vllm_omni.client.events import image_message
 
 GRACE_S = 3.0
 
@@ -62,6 +66,39 @@ async def test_a_duplex_session_opens_by_autostart_answers_a_turn_and_closes(ser
     assert closed["session_id"] == created["session"]["id"]
     await asyncio.wait_for(client.ws.wait_closed(), 10)
     assert client.ws.close_code == 1000
+    await client.close()
+
+
+def png_data_url(color: tuple[int, int, int]) -> str:
+    """A 96x64 picture: 6 image positions in the thinker's prompt (a 4x6 patch grid merged 2x2)."""
+    out = io.BytesIO()
+    Image.new("RGB", (96, 64), color).save(out, "PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+async def test_the_thinker_sees_the_images_of_the_conversation(server) -> None:
+    """An image item, then a spoken question about it: the prompt of each answer holds the
+    picture (usage counts its positions), on later turns too; a bad image is refused and the
+    session goes on."""
+    url, _ = server
+    client = await Client.open(f"{url}/v1/realtime?model={MODEL_NAME}", extensions=False)
+    created = await client.next()
+    assert created["session"]["capabilities"]["supports_image_input"] is True
+    await client.send({"type": "session.update", "session": {"turn_detection": None, "modalities": ["text"]}})
+    await client.send(image_message("data:image/gif;base64,R0lGODlh"))
+    assert (await until(client, "error"))[-1]["error"]["code"] == "invalid_image"
+    await client.send(image_message(png_data_url((250, 200, 0))))
+    image_item = (await until(client, "conversation.item.done"))[-1]["item"]
+    assert image_item["content"][0]["type"] == "input_image"
+    image_tokens = []
+    for _ in range(2):
+        await client.send_all(append_events(fixture_pcm("speech_en_single.wav")))
+        await client.send({"type": "input_audio_buffer.commit"})
+        await client.send({"type": "response.create"})
+        done = (await until(client, "response.done"))[-1]["response"]
+        assert done["status"] == "completed", done
+        image_tokens.append(done["usage"]["input_token_details"]["image_tokens"])
+    assert image_tokens == [6, 6]
     await client.close()
 
 

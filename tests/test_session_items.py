@@ -55,7 +55,7 @@ async def test_previous_item_id_places_the_item() -> None:
     ({"type": "function_call_output", "call_id": "c", "output": "{}"}, "invalid_function_call_output", "item.call_id"),
     ({"type": "function_call"}, "missing_required_parameter", "item.call_id"),
     ({"type": "function_call", "call_id": "c"}, "missing_required_parameter", "item.name"),
-    ({"content": [{"type": "input_image", "image_url": "data:"}]}, "unsupported", "item.content.0"),
+    ({"content": [{"type": "input_image", "image_url": "data:"}]}, "invalid_image", "item.content.0.image_url"),
     ({"role": "assistant", "content": [{"type": "input_audio", "audio": pcm16_b64(0.2)}]}, "bad_event",
      "item.content.0"),
     ({"content": [{"type": "input_audio", "audio": pcm16_b64(0.05)}]}, "bad_audio", "item.content"),

@@ -25,6 +25,10 @@ class Prompt(Protocol):
 
     def __len__(self) -> int: ...
 
+    @property
+    def image_tokens(self) -> int:
+        """Positions of the prompt that hold image embeddings (part of its length)."""
+
 
 class ToolCallParser(Protocol):
     def feed(self, token_id: int) -> tuple[bool, ToolCall | None]:

@@ -22,6 +22,10 @@ class EngineClient(Protocol):
     def output_sample_rate(self) -> int:
         """Sample rate of the audio chunks `generate` yields."""
 
+    @property
+    def accepts_images(self) -> bool:
+        """Whether user turns may carry images (the model sees them and the deploy allows them)."""
+
     def create_audio_stream(self) -> AudioInputStream:
         """A stream to hand user audio to while the user is still speaking."""
 

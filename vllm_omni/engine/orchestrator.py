@@ -67,6 +67,7 @@ class _Record:
     route: Any  # the family's per-request routing state
     detokenizer: IncrementalDetokenizer
     prompt_tokens: int
+    image_tokens: int  # of prompt_tokens
     tool_parser: ToolCallParser | None = None  # when the request offers tools
     tool_calls: list[ToolCall] = field(default_factory=list)
     timer: StageTimer = field(default_factory=StageTimer)
@@ -112,6 +113,10 @@ class OmniEngine:
     @property
     def output_sample_rate(self) -> int:
         return self.family.output_sample_rate
+
+    @property
+    def accepts_images(self) -> bool:
+        return self.deploy.stage_by_role(self.family.text_role).engine_args.mm_limit("image") > 0
 
     async def generate(self, request: OmniRequest) -> AsyncIterator[EngineOutput]:
         """Submit `request` and stream its outputs; raises RequestError for bad input."""
@@ -207,7 +212,7 @@ class OmniEngine:
             route, messages = self.family.start(request.request_id, prompt, sampling, speaker, wants_audio, forced)
             record = _Record(request=request, loop=asyncio.get_running_loop(), queue=asyncio.Queue(),
                              route=route, detokenizer=IncrementalDetokenizer(self.family.tokenizer),
-                             prompt_tokens=len(prompt),
+                             prompt_tokens=len(prompt), image_tokens=prompt.image_tokens,
                              tool_parser=self.family.tool_call_parser(forced is not None) if tools else None)
             self._records[request.request_id] = record
             self._submit(request.request_id, None, messages)
@@ -329,7 +334,8 @@ class OmniEngine:
         text_role, audio_role = self.family.text_role, self.family.audio_token_role
         if text_role in metrics:
             metrics[text_role] = replace(metrics[text_role], finish_reason=reason)
-        usage = Usage(prompt_tokens=record.prompt_tokens,  # text tokens include those writing tool calls
+        usage = Usage(prompt_tokens=record.prompt_tokens, image_tokens=record.image_tokens,
+                      # text tokens include those writing tool calls
                       text_tokens=metrics[text_role].outputs if text_role in metrics else 0,
                       audio_tokens=metrics[audio_role].outputs if audio_role in metrics else 0)
         self._push(record, RequestFinished(

@@ -143,6 +143,7 @@ class StageMetrics:
 @dataclass(frozen=True)
 class Usage:
     prompt_tokens: int = 0
+    image_tokens: int = 0  # prompt positions holding images (of prompt_tokens)
     text_tokens: int = 0  # generated text tokens
     audio_tokens: int = 0  # generated audio tokens (codec frames), 0 for a text-only answer
 

@@ -10,6 +10,12 @@ from vllm_omni.protocol.server_event_builders import item_added, item_created
 from vllm_omni.session.base import Emit
 
 
+@dataclass(frozen=True)
+class ItemImage:
+    url: str  # the data URL the client sent, as the item's events show it
+    data: bytes  # the encoded JPEG or PNG the model gets
+
+
 @dataclass
 class Item:
     id: str
@@ -22,6 +28,7 @@ class Item:
     stream: AudioInputStream | None = None  # user speech as features, computed while it arrived
     audio_ms: int = 0  # how much user speech the item was given
     transcript: str = ""  # user audio transcript (client hints; no ASR runs)
+    images: list[ItemImage] = field(default_factory=list)  # a user message's pictures, in order
     audio_duration_ms: int = 0  # assistant audio generated
     text_cap_chars: int | None = None  # hard cap from truncation / barge-in
     awaiting_ack: bool = False  # ack_only: spoken, but not yet acknowledged as heard (no text in history yet)
@@ -51,6 +58,7 @@ class Item:
                 content.append({"type": "output_audio", "transcript": self.kept_text,
                                 "audio_duration_ms": self.audio_duration_ms})
         else:
+            content += [{"type": "input_image", "image_url": image.url} for image in self.images]
             if self.audio_ms:
                 content.append({"type": "input_audio", "transcript": self.transcript})
             if self.text:
@@ -125,8 +133,9 @@ def prompt_messages(instructions: str | None, items: list[Item]) -> list[Message
         elif item.role == "system":
             if item.text:
                 messages.append(Message("system", text=item.text))
-        elif item.stream is not None or item.text:
-            messages.append(Message("user", text=item.text, audio_stream=item.stream))
+        elif item.stream is not None or item.text or item.images:
+            messages.append(Message("user", text=item.text, audio_stream=item.stream,
+                                    images=[image.data for image in item.images]))
     if not messages or messages[-1].role not in ("user", "tool"):
         messages.append(Message("user", text=BLANK_USER_TURN))
     return messages

@@ -14,6 +14,7 @@ from vllm_omni.engine.interface import EngineClient
 from vllm_omni.engine.request import ToolCall
 from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.errors import ProtocolError
+from vllm_omni.protocol.images import image_from_data_url
 from vllm_omni.protocol.server_event_builders import (
     audio_buffer_committed,
     item_deleted,
@@ -24,9 +25,12 @@ from vllm_omni.protocol.server_event_builders import (
 from vllm_omni.protocol.server_events import new_id
 from vllm_omni.protocol.session_config import parse_format
 from vllm_omni.session.base import Emit
-from vllm_omni.session.conversation import Conversation, Item, announce
+from vllm_omni.session.conversation import Conversation, Item, ItemImage, announce
 from vllm_omni.session.input_track import MIN_TURN_AUDIO_MS, MIN_TURN_SAMPLES
 
+# Images a conversation keeps at most (docs/realtime-api.md §4.5): by count and encoded bytes
+MAX_HISTORY_IMAGES = 8
+MAX_HISTORY_IMAGE_BYTES = 4 * 1024 * 1024
 # The verb of GA's message for an unknown item, per action (its code: item_<action>_invalid_item_id)
 NOT_FOUND = {"delete": "deleting", "retrieve": "retrieving", "truncate": "truncating"}
 
@@ -51,6 +55,7 @@ class ItemStore:
         if ev.item is None:
             raise ProtocolError("missing_required_parameter", "Missing required parameter: 'item'.", "item")
         item = await self.build(ev.item, "item", unique=True)
+        self._check_image_room(item)
         previous = self.add(item, ev.previous_item_id)
         announce(self._emit, previous, item)
         if item.stream is not None:
@@ -72,7 +77,7 @@ class ItemStore:
             if isinstance(part, ce.TextPart):
                 texts.append(part.text)
             elif isinstance(part, ce.ImagePart):
-                raise ProtocolError("unsupported", "this model does not take image input", at)
+                item.images.append(self._image(part, raw.role, at))
             elif raw.role != "user":
                 raise ProtocolError("bad_event", f"{raw.role} items cannot carry audio", at)
             else:
@@ -88,6 +93,25 @@ class ItemStore:
             await asyncio.to_thread(item.stream.append, samples)  # features of a long clip: off the event loop
             item.audio_ms = samples_to_ms(samples.size)
         return item
+
+    def _image(self, part: ce.ImagePart, role: str, where: str) -> ItemImage:
+        if role != "user":
+            raise ProtocolError("invalid_image", f"input_image parts belong in user messages, not {role} ones", where)
+        if not self.engine.accepts_images:
+            raise ProtocolError("unsupported", "this model does not take image input", where)
+        return ItemImage(url=part.image_url, data=image_from_data_url(part.image_url, f"{where}.image_url"))
+
+    def _check_image_room(self, item: Item) -> None:
+        """The history keeps at most MAX_HISTORY_IMAGES images of MAX_HISTORY_IMAGE_BYTES in all."""
+        if not item.images:
+            return
+        held = [image for kept in self.conversation.items for image in kept.images] + item.images
+        size = sum(len(image.data) for image in held)
+        if len(held) > MAX_HISTORY_IMAGES or size > MAX_HISTORY_IMAGE_BYTES:
+            raise ProtocolError("input_backpressure", f"with this item the conversation would hold {len(held)} images "
+                                f"({size} bytes); it keeps at most {MAX_HISTORY_IMAGES} images of "
+                                f"{MAX_HISTORY_IMAGE_BYTES // (1024 * 1024)} MiB in all: delete old items first",
+                                "item.content")
 
     def _function_item(self, raw: ce.ItemPayload, where: str) -> Item:
         """A function_call (the client records one) or a function_call_output (the result of a

@@ -249,11 +249,11 @@ class ResponseRun:
             self._emit(item_done(previous_item_id=self.previous_item_id, item=item))
         usage = None
         if final is not None:
-            text_tokens, audio_tokens, prompt = final.usage.text_tokens, final.usage.audio_tokens, \
-                final.usage.prompt_tokens
+            text_tokens, audio_tokens, prompt, images = final.usage.text_tokens, final.usage.audio_tokens, \
+                final.usage.prompt_tokens, final.usage.image_tokens
             usage = {"total_tokens": prompt + text_tokens + audio_tokens, "input_tokens": prompt,
                      "output_tokens": text_tokens + audio_tokens,
-                     "input_token_details": {"text_tokens": prompt, "audio_tokens": 0, "image_tokens": 0,
+                     "input_token_details": {"text_tokens": prompt - images, "audio_tokens": 0, "image_tokens": images,
                                              "cached_tokens": 0},
                      "output_token_details": {"text_tokens": text_tokens, "audio_tokens": audio_tokens}}
         output = [item, *(call.to_wire() for call in self.calls)]

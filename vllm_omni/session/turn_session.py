@@ -45,7 +45,7 @@ CAPABILITIES = {
     "implementation_level": "turn_based_duplex", "chunk_period_ms": 1000,
     "supports_model_native_turn_policy": False, "supports_barge_in": True, "supports_input_append": True,
     "supports_session_resume": False, "supports_session_lease": False, "supports_audio_truncate": True,
-    "supports_image_input": False, "supports_text_only_turn": True, "supports_core_resumable_request": False,
+    "supports_text_only_turn": True, "supports_core_resumable_request": False,
     "supports_multi_session": True, "required_input_modalities": ["audio"], "optional_input_modalities": [],
     "session_admission_mode": "engine_managed", "input_modes": ["append_audio_chunk"],
     "adapter_patterns": ["turn_commit"], "signal_sources": ["client_event", "server_policy"],
@@ -112,7 +112,8 @@ class TurnSession(ConfiguredSession):
 
     def capabilities(self) -> dict[str, Any]:
         """`session.capabilities`: what this session kind and model support (docs/realtime-api.md §2.6)."""
-        return {**CAPABILITIES, "supports_multi_session_same_replica": True}
+        return {**CAPABILITIES, "supports_image_input": self.engine.accepts_images,
+                "supports_multi_session_same_replica": True}
 
     def report(self, exc: ProtocolError, client_event_id: str | None = None) -> None:
         self._emit(error_event(exc, client_event_id))

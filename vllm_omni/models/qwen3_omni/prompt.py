@@ -24,6 +24,10 @@ class ThinkerPrompt:
         return len(self.input_ids)
 
     @property
+    def image_tokens(self) -> int:
+        return sum(image.num_tokens for image in self.images)
+
+    @property
     def audio_lengths(self) -> list[int]:
         """Mel frames of each audio item."""
         return [f.shape[-1] for f in self.audio_features]

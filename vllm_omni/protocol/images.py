@@ -1,0 +1,43 @@
+"""Images on the wire: the checks an image passes before a session keeps it
+(docs/realtime-api.md §4.5).
+
+An `input_image` part carries a `data:image/jpeg;base64,` or `data:image/png;base64,` URL.
+Its payload passes the checks a video frame passes: non-empty, at most 4 000 000 base64
+characters, valid base64, and JPEG or PNG by its first bytes. Whether the model can decode
+and use the picture is the engine's to say when it builds the prompt.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from vllm_omni.protocol.errors import ProtocolError
+
+MAX_IMAGE_BASE64_CHARS = 4_000_000
+DATA_URL_PREFIXES = ("data:image/jpeg;base64,", "data:image/png;base64,")
+MAGIC = (b"\xff\xd8", b"\x89PNG")  # JPEG, PNG
+
+
+def image_from_data_url(url: object, where: str) -> bytes:
+    """The encoded image an `input_image` part's `image_url` holds; `invalid_image` naming
+    the problem (`where`: the field's path) otherwise."""
+    if not isinstance(url, str) or not url:
+        raise ProtocolError("invalid_image", "input_image needs an image_url", where)
+    prefix = next((p for p in DATA_URL_PREFIXES if url.startswith(p)), None)
+    if prefix is None:
+        raise ProtocolError("invalid_image", "image_url must be a data:image/jpeg;base64, or "
+                            "data:image/png;base64, URL (remote URLs are not fetched)", where)
+    payload = url[len(prefix):]
+    if not payload:
+        raise ProtocolError("invalid_image", "image_url holds no image data", where)
+    if len(payload) > MAX_IMAGE_BASE64_CHARS:
+        raise ProtocolError("invalid_image", f"the image is {len(payload)} base64 characters; at most "
+                            f"{MAX_IMAGE_BASE64_CHARS} (4MB) are allowed", where)
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError("invalid_image", "image_url's data must be valid base64", where) from None
+    if not data.startswith(MAGIC):
+        raise ProtocolError("invalid_image", "the image must be a JPEG or PNG image", where)
+    return data
