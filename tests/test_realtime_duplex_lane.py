@@ -114,6 +114,29 @@ async def test_a_failed_handshake_is_one_error_then_close_1008(server) -> None:
     await client.close()
 
 
+async def test_a_session_without_activity_loses_its_lease(tiny_loaded) -> None:
+    """Heartbeats keep a session; event acks alone do not: after idle_ttl_s it expires, its
+    socket closes 1000 with the reason, and its slot is free."""
+    leased = running_server(tiny_loaded, {}, session_mode="duplex", idle_ttl_s=1.5, reaper_interval_s=0.1,
+                            max_sessions=1)
+    with leased as (url, _, _):
+        client = await Client.open(f"{url}/v1/realtime?model={MODEL_NAME}", extensions=False)
+        await client.until("session.updated", timeout=30)
+        for _ in range(6):  # 3 s of heartbeats: twice the TTL
+            await client.send({"type": "session.heartbeat"})
+            await client.until("session.heartbeat_ack", timeout=10)
+            await asyncio.sleep(0.5)
+        await client.send({"type": "session.event_ack", "server_event_seq": 1})
+        expired = (await client.until("session.expired", timeout=10))[-1]
+        assert expired["reason"] == "idle_ttl_expired"
+        await asyncio.wait_for(client.ws.wait_closed(), 10)
+        assert (client.ws.close_code, client.ws.close_reason) == (1000, "idle_ttl_expired")
+        await client.close()
+        again = await Client.open(f"{url}/v1/realtime?model={MODEL_NAME}", extensions=False)
+        assert (await again.next())["type"] == "session.created"  # the one slot is free
+        await again.close()
+
+
 # Resume (docs/realtime-api.md §13.4) ------------------------------------------------------------
 
 async def start_turn(url: str) -> tuple[Client, dict]:

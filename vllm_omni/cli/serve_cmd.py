@@ -58,7 +58,8 @@ def serve_model(args: argparse.Namespace) -> int:
         vad_model_path=defaults.server_vad_model_path, end_of_turn_model_path=defaults.end_of_turn_model_path,
         default_speaker=args.speaker,
         protect_metrics=args.protect_metrics, turn_detection_defaults=turn_detection_defaults(defaults),
-        session_mode=deploy.session_mode,
+        session_mode=deploy.session_mode, disconnect_grace_s=defaults.disconnect_grace_s,
+        idle_ttl_s=defaults.idle_ttl_s, reaper_interval_s=defaults.reaper_interval_s,
         **{name: value for name, value in limits.items() if value is not None})
     app = create_app(engine, settings)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, ws_max_size=16 * 1024 * 1024,

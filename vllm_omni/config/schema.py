@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt
 
 # vLLM 0.32's limit for a modality missing from `limit_mm_per_prompt`
 # (MultiModalConfig.get_limit_per_prompt); the torch backend applies the same default.
@@ -103,6 +103,12 @@ class SessionDefaults(_Strict):
     vad_silence_duration_ms: PositiveInt = 500
     vad_prefix_padding_ms: NonNegativeInt = 300
     max_sessions: PositiveInt = 64
+    # Duplex sessions (docs/realtime-api.md §13.4): a detached session waits this long for a
+    # resume; one without activity for idle_ttl_s (None: never) expires; leases are checked
+    # every reaper_interval_s.
+    disconnect_grace_s: PositiveFloat = 30.0
+    idle_ttl_s: PositiveFloat | None = 300.0
+    reaper_interval_s: PositiveFloat = 5.0
 
 
 class DeployConfig(_Strict):

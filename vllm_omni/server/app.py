@@ -24,7 +24,7 @@ from vllm_omni.session.factory import SessionFactory
 
 def create_app(engine: ServedEngine, settings: ServerSettings) -> FastAPI:
     slots = SessionSlots(settings.max_sessions)
-    duplex_sessions = DuplexRegistry(settings.disconnect_grace_s)
+    duplex_sessions = DuplexRegistry(settings.disconnect_grace_s, settings.idle_ttl_s, settings.reaper_interval_s)
     created = int(time.time())
     factory = SessionFactory(engine, settings.session_options())
 
@@ -33,7 +33,10 @@ def create_app(engine: ServedEngine, settings: ServerSettings) -> FastAPI:
         metrics.STAGE_QUEUES.source = engine.queue_depths
         metrics.STAGE_ACTIVE_REQUESTS.source = engine.active_requests_by_stage
         app.state.loop = asyncio.get_running_loop()
+        reaper = asyncio.create_task(duplex_sessions.reap_idle())
         yield
+        reaper.cancel()
+        await asyncio.gather(reaper, return_exceptions=True)
         await duplex_sessions.close()
         metrics.STAGE_QUEUES.source = None
         metrics.STAGE_ACTIVE_REQUESTS.source = None

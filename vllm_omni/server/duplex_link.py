@@ -26,11 +26,12 @@ from vllm_omni.session.resume_journal import resume_error
 
 class DuplexLink:
     def __init__(self, registry: DuplexRegistry, slots: SessionSlots, outbox: Outbox,
-                 on_replaced: Callable[[], None]):
+                 on_detached: Callable[[], None]):
         self.registry, self.slots, self.outbox = registry, slots, outbox
-        self._on_replaced = on_replaced
+        self._on_detached = on_detached  # the session left this connection: it closes
         self.entry: DuplexEntry | None = None
         self.replaced = False
+        self.expiry: str | None = None  # why the session expired under this connection
 
     @property
     def session(self) -> DuplexSession:
@@ -44,7 +45,7 @@ class DuplexLink:
             raise ProtocolError("resource_exhausted", f"duplex_session_capacity_exhausted: limit={self.slots.limit}")
         entry = self.registry.create(new_id("duplex-"), release)
         token = entry.credentials.issue()
-        self.registry.attach(entry, self.outbox.put, self._replaced)
+        self.registry.attach(entry, self.outbox.put, self._replaced, self._expired)
         try:
             entry.session = route.open(handshake.opening, model, entry.emit, entry.session_id, {
                 "attachment_generation": entry.credentials.attachment_generation, "resume_token": token})
@@ -69,14 +70,24 @@ class DuplexLink:
                                         resume_token=token))
         for event in replay:
             self.outbox.put(event)
-        self.registry.attach(entry, self.outbox.put, self._replaced)
+        self.registry.attach(entry, self.outbox.put, self._replaced, self._expired)
         self.entry = entry
 
     def _replaced(self, generation: int) -> None:
         """Another connection resumed the session: this one is told, then closes."""
         self.replaced = True
         self.outbox.put(session_replaced(session_id=self.entry.session_id, attachment_generation=generation))
-        self._on_replaced()
+        self._on_detached()
+
+    def _expired(self, reason: str) -> None:
+        """The session's lease ran out (its session.expired is already queued)."""
+        self.expiry = reason
+        self._on_detached()
+
+    @property
+    def close_reason(self) -> str:
+        """Why this connection's socket closes once the client or the session left it."""
+        return "session_replaced" if self.replaced else self.expiry or "disconnect"
 
     def report(self, problem: ProtocolError, client_event_id: str | None = None) -> None:
         """An error of the transport class (a frame that did not decode, a bad ack): sent to this
@@ -97,5 +108,5 @@ class DuplexLink:
 
     def connection_gone(self) -> None:
         """The socket ended without ending the session: it runs on, detached, for its grace."""
-        if self.entry is not None and not self.replaced:
+        if self.entry is not None and not self.replaced and self.expiry is None:
             self.registry.detach(self.entry, self.outbox.put)

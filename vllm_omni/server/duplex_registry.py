@@ -3,14 +3,18 @@
 Each open duplex session has an entry here: its replay journal and resume credentials, the
 connection it sends to now (`sink`; None while detached), and the slot it holds. A session
 whose socket goes away keeps generating into its journal for `grace_s`; a `session.resume`
-within that time attaches a new connection, otherwise the session expires and ends. The
-registry is process-local, as resume credentials are (hence the single API worker).
+within that time attaches a new connection, otherwise the session expires and ends. A
+session without activity (a client event other than `session.event_ack`, or an event of its
+own) for `idle_ttl_s` loses its lease: it expires and its connection closes, however long
+the client's own `idle_timeout_s` is (§1.9). The registry is process-local, as resume
+credentials are (hence the single API worker).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +27,8 @@ from vllm_omni.session.resume_journal import ResumeCredentials, ResumeJournal
 logger = logging.getLogger(__name__)
 
 DISCONNECT_GRACE_S = 30.0
+IDLE_TTL_S = 300.0
+REAPER_INTERVAL_S = 5.0  # how often leases are checked: expiry may lag the TTL by this much
 STOP_TIMEOUT_S = 10.0
 
 
@@ -35,19 +41,29 @@ class DuplexEntry:
     session: DuplexSession | None = None
     sink: Emit | None = None  # the attached connection's outbox
     replaced: Callable[[int], None] | None = None  # tells that connection it was replaced
+    expired: Callable[[str], None] | None = None  # tells that connection the session expired (the reason)
     grace: asyncio.TimerHandle | None = None
+    last_active: float = field(default_factory=time.monotonic)
     ended: bool = False
+
+    def touch(self) -> None:
+        """Activity: the lease starts over."""
+        self.last_active = time.monotonic()
 
     def emit(self, event: dict[str, Any]) -> None:
         """The session's emit: journaled (and stamped), then sent if a connection is attached."""
+        self.touch()
         for wire in self.journal.stamp(event):
             if self.sink is not None:
                 self.sink(wire)
 
 
 class DuplexRegistry:
-    def __init__(self, grace_s: float = DISCONNECT_GRACE_S):
+    def __init__(self, grace_s: float = DISCONNECT_GRACE_S, idle_ttl_s: float | None = IDLE_TTL_S,
+                 reaper_interval_s: float = REAPER_INTERVAL_S):
         self.grace_s = grace_s
+        self.idle_ttl_s = idle_ttl_s  # None: leases never expire
+        self.reaper_interval_s = reaper_interval_s
         self._entries: dict[str, DuplexEntry] = {}
 
     def __len__(self) -> int:
@@ -62,7 +78,8 @@ class DuplexRegistry:
         entry = self._entries.get(session_id)
         return None if entry is None or entry.ended else entry
 
-    def attach(self, entry: DuplexEntry, sink: Emit, replaced: Callable[[int], None]) -> None:
+    def attach(self, entry: DuplexEntry, sink: Emit, replaced: Callable[[int], None],
+               expired: Callable[[str], None]) -> None:
         """`sink` receives the session's events from now on; a connection still attached is told
         it was replaced (with its own generation)."""
         if entry.grace is not None:
@@ -70,14 +87,15 @@ class DuplexRegistry:
             entry.grace = None
         if entry.replaced is not None:
             entry.replaced(entry.credentials.attachment_generation - 1)
-        entry.sink, entry.replaced = sink, replaced
+        entry.sink, entry.replaced, entry.expired = sink, replaced, expired
+        entry.touch()
 
     def detach(self, entry: DuplexEntry, sink: Emit) -> None:
         """The connection behind `sink` went away: the session runs on, journaling, until a
         resume or the end of its grace."""
         if entry.sink != sink or entry.ended:  # bound methods: equal, not identical
             return
-        entry.sink = entry.replaced = None
+        entry.sink = entry.replaced = entry.expired = None
         entry.grace = asyncio.get_running_loop().call_later(
             self.grace_s, lambda: asyncio.ensure_future(self.end(entry, "disconnect_grace_expired", expired=True)))
 
@@ -96,6 +114,8 @@ class DuplexRegistry:
             entry.grace.cancel()
         if expired:
             entry.emit(session_expired(session_id=entry.session_id, reason=reason))
+            if entry.expired is not None:
+                entry.expired(reason)
         self._entries.pop(entry.session_id, None)
         if entry.session is not None:
             try:
@@ -103,6 +123,17 @@ class DuplexRegistry:
             except Exception:
                 logger.exception("stopping duplex session %s failed", entry.session_id)
         entry.release()
+
+    async def reap_idle(self) -> None:
+        """Runs for the server's life: every `reaper_interval_s`, sessions whose lease ran out
+        expire (detached ones are left to their grace)."""
+        if self.idle_ttl_s is None:
+            return
+        while True:
+            await asyncio.sleep(self.reaper_interval_s)
+            deadline = time.monotonic() - self.idle_ttl_s
+            for entry in [e for e in self._entries.values() if e.sink is not None and e.last_active < deadline]:
+                await self.end(entry, "idle_ttl_expired", expired=True)
 
     async def close(self) -> None:
         """The server stops: every session ends."""

@@ -118,7 +118,7 @@ class RealtimeConnection:
         (its error sent, the close code set). The duplex lane always has the extension surface."""
         self.extensions = True
         self.duplex = DuplexLink(self.duplex_sessions, self.slots, self.outbox,
-                                 on_replaced=lambda: asyncio.ensure_future(self.outbox.flush_and_stop()))
+                                 on_detached=lambda: asyncio.ensure_future(self.outbox.flush_and_stop()))
         query = dict(self.websocket.query_params)
         try:
             handshake = autostart(query)
@@ -222,7 +222,7 @@ class RealtimeConnection:
                 await self._end("idle_timeout" if idle <= remaining else "max_duration")
                 return
             if message is None or message["type"] == "websocket.disconnect":
-                self._close_reason = "session_replaced" if self.duplex and self.duplex.replaced else "disconnect"
+                self._close_reason = self.duplex.close_reason if self.duplex else "disconnect"
                 return
             text = message.get("text")
             try:
@@ -234,6 +234,8 @@ class RealtimeConnection:
                 continue
             if self.duplex is not None and self._duplex_control(raw):
                 continue
+            if self.duplex is not None:
+                self.duplex.entry.touch()  # activity renews the session's lease
             if canonical_type(raw["type"]) == "session.close" and self.session.lane is not Lane.LEGACY:
                 if await self._close_requested(raw):
                     return

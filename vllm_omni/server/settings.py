@@ -22,6 +22,8 @@ class ServerSettings:
     max_history_audio_s: float = DEFAULT_MAX_HISTORY_AUDIO_S  # user speech a conversation keeps
     protect_metrics: bool = False  # /metrics needs the API key too
     disconnect_grace_s: float = 30.0  # a detached duplex session waits this long for a resume
+    idle_ttl_s: float | None = 300.0  # a duplex session without activity this long expires (None: never)
+    reaper_interval_s: float = 5.0  # how often duplex leases are checked
     session_mode: str = "turn"  # the deploy's session_mode: which sessions /v1/realtime and /v1/duplex open
     # server-VAD values (threshold, silence_duration_ms, prefix_padding_ms) for clients that turn
     # server_vad on without them; what is missing keeps the built-in 0.5 / 500 / 300
