@@ -102,6 +102,47 @@ async def test_errors_use_the_duplex_spelling(event: dict, code: str) -> None:
     assert events.errors() == [code]
 
 
+async def test_a_response_needs_new_input() -> None:
+    session, events = opened()
+    await session.handle({"type": "response.create", "event_id": "r1"})
+    error = events.last("error")["error"]
+    assert (error["code"], error["event_id"]) == ("response_create_without_input", "r1")
+    await session.handle({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi?"}]}})
+    await session.handle({"type": "response.create"})
+    await events.wait("response.done")
+    await session.handle({"type": "response.create"})  # answered already: nothing new
+    assert events.errors() == ["response_create_without_input"] * 2
+
+
+async def test_the_voice_is_fixed_once_the_session_has_spoken() -> None:
+    session, events = opened({"voice": "aria"})
+    await session.handle({"type": "session.update", "session": {"voice": "bruno"}})  # nothing spoken yet
+    assert session.config.voice == "bruno" and not events.errors()
+    await session.handle(speech(0.5))
+    await session.handle({"type": "input_audio_buffer.commit"})
+    await session.handle({"type": "response.create"})
+    await events.wait("response.done")
+    await session.handle({"type": "session.update", "session": {"audio": {"output": {"voice": "aria"}}}})
+    await session.handle({"type": "session.update", "session": {"voice": "bruno", "instructions": "Be brief."}})
+    assert events.errors() == ["voice_update_after_audio_unsupported"]
+    assert session.config.voice == "bruno" and session.config.instructions == "Be brief."
+
+
+async def test_at_most_four_committed_turns_wait_for_an_answer() -> None:
+    session, events = opened()
+    for _ in range(4):
+        await session.handle(speech(0.5))
+        await session.handle({"type": "input_audio_buffer.commit"})
+    await session.handle(speech(0.5))
+    await session.handle({"type": "input_audio_buffer.commit"})
+    assert events.errors() == ["input_backpressure"] and len(events.of("input_audio_buffer.committed")) == 4
+    await session.handle({"type": "response.create"})
+    await events.wait("response.done")
+    await session.handle({"type": "input_audio_buffer.commit"})  # the kept buffer commits now
+    assert len(events.of("input_audio_buffer.committed")) == 5
+
+
 # The playback ledger (docs/realtime-api.md §13.5) ------------------------------------------------
 
 async def answered(policy: str) -> tuple[DuplexSession, ScriptedEngine, Events, str]:
@@ -128,9 +169,11 @@ async def test_ack_only_keeps_the_answer_out_of_the_history_until_acks_cover_its
     await session.handle({"type": "playback.ack", "response_id": response_id, "played_ms": audio_ms // 2})
     assert events.last("playback.acknowledged")["event"]["history_committed"] is False
     assert await history_text(session, events, response_id) == ""
+    await session.handle({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "And?"}]}})
     await session.handle({"type": "response.create"})  # the unheard answer is not in the next prompt
     await events.wait("response.done", count=2)
-    assert [m.role for m in engine.requests[1].messages] == ["user"]
+    assert [m.role for m in engine.requests[1].messages] == ["user", "user"]
     await session.handle({"type": "playback.ack", "response_id": response_id, "played_ms": audio_ms})
     assert events.last("playback.acknowledged")["event"]["history_committed"] is True
     assert await history_text(session, events, response_id) == "Hello there."

@@ -33,6 +33,7 @@ from vllm_omni.session.turn_session import TurnSession
 DUPLEX_INPUT = AudioFormat("pcm16", 16000)  # the duplex lane's default input (§13.2)
 REF_AUDIO_PATHS = ("ref_audio_path", "tts_ref_audio_path")
 OPEN_TIME_ONLY = ("idle_timeout_s",)  # read when the session opens; later values are ignored
+MAX_PENDING_TURNS = 4  # committed user turns waiting for an answer (§13.2, max_pending_turns_per_session)
 KEPT_CODES = ("model_not_found",)  # opening failures reported under their own code
 
 
@@ -43,6 +44,7 @@ class DuplexSession(TurnSession):
     def __init__(self, engine: EngineClient, config: SessionConfig, options: SessionOptions, emit: Emit):
         super().__init__(engine, config, options, emit)
         self._handlers["input_audio_buffer.append"] = self._append
+        self._handlers["response.create"] = self._create_response
         self.overlap_speech_ms = 0  # speech that arrived while an answer generated, now in the buffer
 
     # Input while an answer generates (docs/realtime-api.md §13.6) ------------------------------
@@ -73,8 +75,28 @@ class DuplexSession(TurnSession):
             self.input.clear()
             self._back_channel(SealedTurn(Item(id=new_id("item_"), role="user"), 0))
             return
+        pending = self._pending_turns()
+        if pending >= MAX_PENDING_TURNS:
+            raise ProtocolError("input_backpressure", f"{pending} committed turns are waiting for an answer; at most "
+                                f"{MAX_PENDING_TURNS} may wait (the buffer is kept): send response.create first")
         self.overlap_speech_ms = 0
         super()._commit_input(ev)
+
+    def _pending_turns(self) -> int:
+        """Spoken user turns committed after the conversation's last answer."""
+        pending = 0
+        for item in reversed(self.items.conversation.items):
+            if item.role == "assistant":
+                break
+            pending += item.role == "user" and item.audio_ms > 0
+        return pending
+
+    async def _create_response(self, ev: ce.ResponseCreate) -> None:
+        """A duplex response answers new input: committed audio, or user items (§13.2)."""
+        if ev.response.input is None and self.responses.active is None and not self.responses.unanswered:
+            raise ProtocolError("response_create_without_input", "response.create requires committed audio (or a "
+                                "new user item) to answer")
+        await self.responses.create(ev)
 
     def _server_commit(self, sealed: SealedTurn) -> None:
         td = self.config.turn_detection
@@ -88,7 +110,9 @@ class DuplexSession(TurnSession):
     def _back_channel(self, sealed: SealedTurn) -> None:
         """Short speech over an answer ("mm-hm"): an empty turn that is not answered."""
         self.overlap_speech_ms = 0
+        unanswered = self.responses.unanswered
         self._commit(sealed, flags=("empty", "overlap_ack", "no_response"))
+        self.responses.unanswered = unanswered  # nothing new to answer
 
     def capabilities(self) -> dict[str, Any]:
         return {**super().capabilities(), "implementation_level": "turn_based_duplex",
@@ -102,10 +126,19 @@ class DuplexSession(TurnSession):
         if "ref_audio" in update:
             raise ProtocolError("ref_audio_update_unsupported", "ref_audio can only be set when the session opens",
                                 "ref_audio")
+        self._check_voice_change(update)
         result = super()._session_update({k: v for k, v in update.items() if k not in OPEN_TIME_ONLY})
         if result.rejected:
             raise result.rejected[0]
         return result
+
+    def _check_voice_change(self, update: dict[str, Any]) -> None:
+        """The voice is fixed once the session has spoken (§13.2)."""
+        output = update.get("audio", {}).get("output", {}) if isinstance(update.get("audio"), dict) else {}
+        voice = update.get("voice", output.get("voice") if isinstance(output, dict) else None)
+        if voice is not None and voice != self.config.voice and self.responses.spoke:
+            raise ProtocolError("voice_update_after_audio_unsupported", "the voice cannot change once the session "
+                                "has produced audio", "voice")
 
     def configure_opening(self, opening: dict[str, Any]) -> None:
         """The opening session object, open-time fields included; any problem refuses the open."""

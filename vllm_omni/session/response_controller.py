@@ -45,6 +45,7 @@ class ResponseController:
         self.responses: dict[str, ResponseRun] = {}
         self.last_response: ResponseRun | None = None
         self.unanswered = False  # user input in the conversation that no response has answered yet
+        self._spoke = False  # a finished response produced audio
         self._deferred = False  # a server-initiated response waits for the active one to end
 
     # Creating ---------------------------------------------------------------------------------
@@ -96,9 +97,15 @@ class ResponseController:
                               temperature=options.temperature, tools=options.tools, tool_choice=options.tool_choice)
         run.start(self.engine, request, previous)
 
+    @property
+    def spoke(self) -> bool:
+        """Whether any response of the session has produced audio."""
+        return self._spoke or (self.active is not None and self.active.playback["generated_ms"] > 0)
+
     def _done(self, run: ResponseRun) -> None:
         if self.active is run:
             self.active = None
+        self._spoke = self._spoke or run.playback["generated_ms"] > 0
         while len(self.responses) > MAX_KEPT_RESPONSES:  # acks and cancels name recent responses only
             del self.responses[next(iter(self.responses))]
         completed = run.status is ResponseStatus.COMPLETED
