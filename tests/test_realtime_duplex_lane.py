@@ -290,3 +290,26 @@ async def test_speech_over_an_answer_waits_for_it_under_listen_only(server) -> N
     second = (await until(client, "response.done"))[-1]["response"]
     assert second["id"] != first["id"] and second["status"] == "completed"
     await client.close()
+
+
+async def test_a_back_channel_over_an_answer_starts_no_turn(server) -> None:
+    """400 ms of speech ("mm-hm") while the answer plays: server VAD commits it as an empty,
+    unanswered turn, and the answer goes on to complete."""
+    url, _ = server
+    client = await vad_session(url, "listen_only")
+    await client.send_all(append_events(fixture_pcm("speech_en_single.wav", trailing_silence_s=0.6)))
+    await until(client, "response.output_audio.delta")
+    speech = fixture_pcm("speech_en_single.wav")[16000:28800]  # 0.5-0.9 s: a word
+    await client.send_all(append_events(speech + b"\0\0" * 16000))
+    events = await until(client, "response.done")
+    assert events[-1]["response"]["status"] == "completed"
+    committed = [e for e in events if e["type"] == "input_audio_buffer.committed"]
+    assert committed and committed[-1]["event"]["no_response"] is True and committed[-1]["event"]["overlap_ack"]
+    await client.send({"type": "session.heartbeat"})
+    later = await until(client, "session.heartbeat_ack")
+    await asyncio.sleep(2.0)
+    assert "response.created" not in [e["type"] for e in later]
+    await client.send({"type": "session.close"})
+    assert "response.created" not in [e["type"] for e in await until(client, "session.closed")]
+    await client.close()
+
