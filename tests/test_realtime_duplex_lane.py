@@ -183,6 +183,11 @@ async def test_a_dropped_socket_resumes_with_every_missed_event_once(server) -> 
     await again.send({"type": "session.event_ack", "server_event_seq": seqs[-1] + 100})
     ack_error = (await until(again, "error"))[-1]
     assert ack_error["error"]["code"] == "invalid_event_ack" and "server_event_seq" not in ack_error
+    for bad, code in (({"type": "no.such.event"}, "unknown_event"),
+                      ({"type": "input_audio_buffer.append", "audio": 7}, "bad_event")):
+        await again.send(bad)
+        transport_error = (await until(again, "error"))[-1]  # events that fail validation are not journaled
+        assert transport_error["error"]["code"] == code and "server_event_seq" not in transport_error
     await again.close()
 
     stale = await resume(url, created["session"]["id"], created["resume_token"], 0)  # the rotated token

@@ -21,7 +21,7 @@ from fastapi import WebSocket
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketState
 
-from vllm_omni.protocol.client_events import canonical_type, client_event_id, parse_client_event
+from vllm_omni.protocol.client_events import ClientEvent, canonical_type, client_event_id, parse_client_event
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.frames import decode_client_frame
 from vllm_omni.protocol.ga_view import EXTENSIONS_QUERY, wants_extensions
@@ -240,8 +240,19 @@ class RealtimeConnection:
                 if await self._close_requested(raw):
                     return
                 continue
-            await self.session.handle(raw)
+            client_event = self._parsed(raw) if self.duplex is not None else raw
+            if client_event is not None:
+                await self.session.handle(client_event)
             await self.outbox.wait_writable()
+
+    def _parsed(self, raw: dict[str, Any]) -> ClientEvent | None:
+        """A duplex client event, validated here: an event that fails validation is a transport
+        error, reported to this connection and never journaled (docs/realtime-api.md §13.4)."""
+        try:
+            return parse_client_event(raw)
+        except ProtocolError as problem:
+            self.duplex.report(problem, client_event_id(raw))
+            return None
 
     def _report_transport(self, problem: ProtocolError) -> None:
         """A frame that did not decode: the duplex lane does not journal such errors."""
