@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageDraw
-from transformers import AutoProcessor, Qwen3OmniMoeForConditionalGeneration
 
 from tests.conftest import read_fixture_pcm
 from tests.engine_helpers import make_engine, run_request
+from tests.hf_reference import cached_reference, hf_generate, hf_messages
 from vllm_omni.audio.pcm import float_to_pcm16
 from vllm_omni.config import SamplingParams, get_deploy_config_path, load_deploy_config
 from vllm_omni.engine import Message, OmniRequest, RequestError
@@ -74,50 +74,23 @@ def engine_request(case: str, **fields) -> OmniRequest:
 @pytest.fixture(scope="module")
 def reference(tiny_checkpoint):
     """transformers' own processor and generate, on its own copy of the checkpoint; cached per case."""
-    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
-    processor = AutoProcessor.from_pretrained(tiny_checkpoint)
-    results = {}
+    return cached_reference(tiny_checkpoint, reference_run)
 
-    def run(case: str) -> dict:
-        if case in results:
-            return results[case]
-        messages, images, audios = [], [], []
-        for role, text, kinds, audio in CASES[case]:
-            if role == "system":
-                messages.append({"role": role, "content": text})
-                continue
-            parts = [{"type": "image"} for _ in kinds]
-            images += [Image.open(io.BytesIO(picture(kind))) for kind in kinds]
-            if audio:
-                parts.append({"type": "audio"})
-                audios.append(read_fixture_pcm(audio))
-            messages.append({"role": role, "content": [*parts, {"type": "text", "text": text}]})
-        prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        inputs = processor(text=prompt, images=images, audio=audios or None, return_tensors="pt")
-        speaks = case in SPEAKS_AS_REFERENCE
-        decoded = {}
-        real_decode = model.code2wav.chunked_decode
 
-        def keep_codes(codes, **kwargs):  # the codes transformers hands its vocoder
-            decoded["codes"] = codes[0].clone()
-            return real_decode(codes, **kwargs)
-
-        model.code2wav.chunked_decode = keep_codes
-        try:
-            output = model.generate(**inputs, return_audio=speaks, speaker="Ethan", thinker_do_sample=False,
-                                    thinker_max_new_tokens=THINKER_TOKENS, talker_do_sample=False,
-                                    talker_max_new_tokens=TALKER_TOKENS)
-        finally:
-            model.code2wav.chunked_decode = real_decode
-        sequences = output[0] if speaks else output
-        results[case] = {"prompt_ids": inputs["input_ids"][0].tolist(),
-                         "tokens": sequences[0, inputs["input_ids"].shape[1]:].tolist()}
-        if speaks:
-            results[case] |= {"codes": decoded["codes"].numpy(),
-                              "pcm": float_to_pcm16(output[1].reshape(-1).numpy()).astype(np.int32)}
-        return results[case]
-
-    return run
+def reference_run(model, processor, case: str) -> dict:
+    turns = CASES[case]
+    messages, audios = hf_messages([(role, text, len(kinds), audio) for role, text, kinds, audio in turns])
+    images = [Image.open(io.BytesIO(picture(kind))) for _, _, kinds, _ in turns for kind in kinds]
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=prompt, images=images, audio=audios or None, return_tensors="pt")
+    speaks = case in SPEAKS_AS_REFERENCE
+    sequences, waveform, codes = hf_generate(model, inputs, speaks=speaks, thinker_tokens=THINKER_TOKENS,
+                                             talker_tokens=TALKER_TOKENS)
+    result = {"prompt_ids": inputs["input_ids"][0].tolist(),
+              "tokens": sequences[0, inputs["input_ids"].shape[1]:].tolist()}
+    if speaks:
+        result |= {"codes": codes.numpy(), "pcm": float_to_pcm16(waveform.reshape(-1).numpy()).astype(np.int32)}
+    return result
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,10 @@ import asyncio
 import numpy as np
 import pytest
 import torch
-from transformers import AutoProcessor, Qwen3OmniMoeForConditionalGeneration
 
 from tests.conftest import read_fixture_pcm
 from tests.engine_helpers import make_engine, run_request
+from tests.hf_reference import cached_reference, hf_generate, hf_messages
 from vllm_omni.audio.pcm import float_to_pcm16
 from vllm_omni.engine import Message, OmniRequest
 
@@ -50,51 +50,20 @@ def engine_request(case: str) -> OmniRequest:
 @pytest.fixture(scope="module")
 def reference(tiny_checkpoint):
     """transformers' own generate, on its own copy of the checkpoint; cached per case."""
-    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
-    processor = AutoProcessor.from_pretrained(tiny_checkpoint)
-    results = {}
+    return cached_reference(tiny_checkpoint, reference_run)
 
-    def run(case: str) -> dict:
-        if case in results:
-            return results[case]
-        messages, audios = [], []
-        for role, text, audio in CASES[case]:
-            if role == "system":
-                messages.append({"role": role, "content": text})
-                continue
-            parts = []
-            if audio:
-                parts.append({"type": "audio"})
-                audios.append(read_fixture_pcm(audio))
-            if text:
-                parts.append({"type": "text", "text": text})
-            messages.append({"role": role, "content": parts})
-        prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        inputs = processor(text=prompt, audio=audios or None, return_tensors="pt")
-        decoded = {}
-        real_decode = model.code2wav.chunked_decode
 
-        def keep_codes(codes, **kwargs):  # the codes transformers hands its vocoder
-            decoded["codes"] = codes[0].clone()
-            return real_decode(codes, **kwargs)
-
-        model.code2wav.chunked_decode = keep_codes
-        try:
-            sequences, waveform = model.generate(
-                **inputs, return_audio=True, speaker="Ethan", thinker_do_sample=False,
-                thinker_max_new_tokens=THINKER_TOKENS, talker_do_sample=False,
-                talker_max_new_tokens=TALKER_TOKENS)
-        finally:
-            model.code2wav.chunked_decode = real_decode
-        codes = decoded["codes"]
-        with torch.no_grad():
-            one_shot = model.code2wav(codes[None]).reshape(-1).numpy()
-        results[case] = {"tokens": sequences[0, inputs["input_ids"].shape[1]:].tolist(),
-                         "codes": codes.numpy(), "one_shot_pcm": float_to_pcm16(one_shot).astype(np.int32),
-                         "hf_pcm": float_to_pcm16(waveform.reshape(-1).numpy()).astype(np.int32)}
-        return results[case]
-
-    return run
+def reference_run(model, processor, case: str) -> dict:
+    messages, audios = hf_messages([(role, text, 0, audio) for role, text, audio in CASES[case]])
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=prompt, audio=audios or None, return_tensors="pt")
+    sequences, waveform, codes = hf_generate(model, inputs, speaks=True, thinker_tokens=THINKER_TOKENS,
+                                             talker_tokens=TALKER_TOKENS)
+    with torch.no_grad():
+        one_shot = model.code2wav(codes[None]).reshape(-1).numpy()
+    return {"tokens": sequences[0, inputs["input_ids"].shape[1]:].tolist(),
+            "codes": codes.numpy(), "one_shot_pcm": float_to_pcm16(one_shot).astype(np.int32),
+            "hf_pcm": float_to_pcm16(waveform.reshape(-1).numpy()).astype(np.int32)}
 
 
 @pytest.fixture(scope="module")
