@@ -207,6 +207,15 @@ async def answering(**opening) -> tuple[DuplexSession, ScriptedEngine, Events]:
     return session, engine, events
 
 
+async def test_a_second_response_waits_for_the_first() -> None:
+    session, engine, events = await answering()
+    await session.handle({"type": "response.create", "event_id": "again"})
+    error = events.last("error")["error"]
+    assert (error["code"], error["event_id"]) == ("response_already_active", "again")
+    await events.wait("response.done")
+    assert len(engine.requests) == 1
+
+
 async def test_speech_over_an_answer_is_kept_and_answered_after_it_under_listen_only() -> None:
     session, engine, events = await answering(overlap_policy="listen_only")
     await session.handle(speech(1.0))

@@ -116,12 +116,21 @@ async def test_a_failed_handshake_is_one_error_then_close_1008(server) -> None:
 
 async def test_a_session_without_activity_loses_its_lease(tiny_loaded) -> None:
     """Heartbeats keep a session; event acks alone do not: after idle_ttl_s it expires, its
-    socket closes 1000 with the reason, and its slot is free."""
+    socket closes 1000 with the reason, and its slot (the only one: a second session was
+    refused meanwhile) is free."""
     leased = running_server(tiny_loaded, {}, session_mode="duplex", idle_ttl_s=1.5, reaper_interval_s=0.1,
                             max_sessions=1)
     with leased as (url, _, _):
         client = await Client.open(f"{url}/v1/realtime?model={MODEL_NAME}", extensions=False)
         await client.until("session.updated", timeout=30)
+        full = await Client.open(f"{url}/v1/realtime?model={MODEL_NAME}", extensions=False)
+        assert (await full.next())["error"]["code"] == "resource_exhausted"  # max_sessions 1
+        await asyncio.wait_for(full.ws.wait_closed(), 10)
+        assert (full.ws.close_code, full.ws.close_reason) == (1013, "resource_exhausted")
+        await full.close()
+        await client.send({"type": "session.resume", "session_id": "x", "resume_token": "y"})
+        late_resume = (await client.until("error", timeout=10))[-1]
+        assert late_resume["error"]["code"] == "unsupported_session_resume"  # only as a first message
         for _ in range(6):  # 3 s of heartbeats: twice the TTL
             await client.send({"type": "session.heartbeat"})
             await client.until("session.heartbeat_ack", timeout=10)

@@ -1,5 +1,6 @@
-"""Eight concurrent server-VAD sessions, three turns each, on the GA lane and on the duplex lane:
-all complete, nothing leaks."""
+"""Eight concurrent server-VAD sessions, three turns each, on the GA lane and on the duplex lane
+(speaking in real time): all complete, nothing leaks (engine requests, sessions, duplex
+sessions and their journals, server tasks)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ async def one_session(url: str, duplex: bool) -> list[dict]:
         await client.send(SERVER_VAD_UPDATE)
         await client.until("session.updated")
         for fixture in TURN_AUDIO[:TURNS]:
-            await client.send_all(append_events(fixture_pcm(fixture, trailing_silence_s=1.5)))
+            # a duplex client speaks in real time (the turn lane's load is sent back to back)
+            await client.stream(append_events(fixture_pcm(fixture, trailing_silence_s=1.5)), realtime=duplex)
             turns.append(await client.until("response.done", timeout=300))
         if duplex:
             await client.close_session()
@@ -71,6 +73,7 @@ def check_concurrent_sessions(url: str, engine, app, duplex: bool = False) -> No
     while engine.num_active_requests() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert engine.num_active_requests() == 0
+    assert len(app.state.duplex_sessions) == 0  # every session (its journal included) is gone
     health = httpx.get(url.replace("ws://", "http://") + "/health").json()
     assert health["active_sessions"] == 0 and health["status"] == "ok"
     metrics = httpx.get(url.replace("ws://", "http://") + "/metrics").text

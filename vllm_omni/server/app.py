@@ -33,6 +33,7 @@ def create_app(engine: ServedEngine, settings: ServerSettings) -> FastAPI:
         metrics.STAGE_QUEUES.source = engine.queue_depths
         metrics.STAGE_ACTIVE_REQUESTS.source = engine.active_requests_by_stage
         app.state.loop = asyncio.get_running_loop()
+        app.state.duplex_sessions = duplex_sessions  # for tests and introspection
         reaper = asyncio.create_task(duplex_sessions.reap_idle())
         yield
         reaper.cancel()
