@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -42,13 +43,14 @@ def test_config_show_error_exits_2_naming_file_and_key(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_make_tiny_model_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
-    result = subprocess.run([str(VLLM_OMNI), "make-tiny-model", "--arch", "qwen3_omni_moe",
+@pytest.mark.parametrize("arch", ["qwen3_omni_moe", "minicpmo_4_5"])
+def test_make_tiny_model_writes_a_checkpoint(tmp_path: Path, arch: str) -> None:
+    result = subprocess.run([str(VLLM_OMNI), "make-tiny-model", "--arch", arch,
                              "--out", str(tmp_path / "tiny"), "--seed", "3"],
                             capture_output=True, text=True, check=True)
-    assert "wrote tiny qwen3_omni_moe checkpoint" in result.stdout
+    assert f"wrote tiny {arch} checkpoint" in result.stdout
     assert (tmp_path / "tiny" / "model.safetensors").is_file()
-    assert (tmp_path / "tiny" / "config.json").is_file()
+    assert json.loads((tmp_path / "tiny" / "config.json").read_text())["architectures"]
 
 
 def test_serve_with_a_broken_config_exits_2(tmp_path: Path) -> None:

@@ -17,7 +17,8 @@ from transformers import (
 )
 
 from tests.conftest import read_fixture_pcm
-from vllm_omni.models.qwen3_omni.tiny.checkpoint import build_tiny_checkpoint, find_weight_problems
+from vllm_omni.models.qwen3_omni.tiny.checkpoint import build_tiny_checkpoint
+from vllm_omni.models.tiny_weights import find_weight_problems
 
 CODEC_FRAME_RATE_HZ = 12.5  # one talker frame per 80 ms
 

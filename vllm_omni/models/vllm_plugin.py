@@ -1,6 +1,7 @@
-"""vLLM plugin entry point (`vllm.general_plugins` in pyproject.toml): registers our
-out-of-tree models with vLLM's model registry, in every vLLM process. Registration is by
-class path, so nothing heavy is imported until vLLM builds the model."""
+"""vLLM plugin entry point (`vllm.general_plugins` in pyproject.toml), run in every vLLM
+process: registers our out-of-tree models with vLLM's model registry (by class path, so
+nothing heavy is imported until vLLM builds the model), and MiniCPM-o's config and tokenizer
+classes with transformers, so a MiniCPM-o folder loads without remote code."""
 
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ OUT_OF_TREE_MODELS = {
 
 def register() -> None:
     from vllm import ModelRegistry
+
+    from vllm_omni.models.minicpmo.config import register_hf_classes
+    from vllm_omni.models.minicpmo.tokenizer import register_tokenizer
+
+    register_hf_classes()
+    register_tokenizer()
 
     supported = ModelRegistry.get_supported_archs()
     for architecture, class_path in OUT_OF_TREE_MODELS.items():

@@ -1,6 +1,6 @@
 """Build a tiny random-weight Qwen3-Omni-MoE checkpoint with transformers' own classes.
 
-Every weight is set explicitly from one seeded generator, in parameter-name order, so the
+Every weight is set explicitly from one seeded generator (models/tiny_weights.py), so the
 same seed gives byte-identical safetensors. Two rules matter for the tests built on it:
 
 * transformers 5.19 leaves the talker's MoE experts as `torch.empty` and its router at
@@ -20,10 +20,8 @@ from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from vllm_omni.models.qwen3_omni.tiny.config import tiny_config
 from vllm_omni.models.qwen3_omni.tiny.tokenizer import save_processor
+from vllm_omni.models.tiny_weights import find_weight_problems, initialise_parameters
 
-MATRIX_STD = 0.02
-# Weights below this standard deviation carry no signal (zeros, or uninitialised memory).
-MIN_SIGNAL_STD = 1e-4
 # Per-channel parameters and the value each starts at, by the last part of their name.
 _VECTOR_INIT = {
     "bias": 0.0,
@@ -54,30 +52,10 @@ def _vector_value(name: str, param: torch.nn.Parameter, layer_scale: float) -> f
     raise ValueError(f"no initialisation rule for per-channel parameter {name} {tuple(param.shape)}")
 
 
-@torch.no_grad()
 def initialise_weights(model: Qwen3OmniMoeForConditionalGeneration, seed: int) -> None:
     """Set every parameter from a generator seeded with `seed` (see module docstring)."""
-    generator = torch.Generator().manual_seed(seed)
     layer_scale = model.config.code2wav_config.layer_scale_initial_scale
-    for name, param in sorted(model.named_parameters()):
-        if param.ndim == 1:
-            param.fill_(_vector_value(name, param, layer_scale))
-            continue
-        gain = next((g for prefix, g in _FAN_IN_GAINS.items() if name.startswith(prefix)), None)
-        std = MATRIX_STD if gain is None else gain / math.sqrt(param[0].numel())
-        param.copy_(torch.randn(param.shape, generator=generator) * std)
-
-
-def find_weight_problems(model: torch.nn.Module) -> list[str]:
-    """Names of weights that are non-finite, or matrices that carry no signal."""
-    problems = []
-    for name, param in model.named_parameters():
-        values = param.detach().float()
-        if not torch.isfinite(values).all():
-            problems.append(f"{name}: non-finite values")
-        elif values.ndim >= 2 and values.std().item() < MIN_SIGNAL_STD:
-            problems.append(f"{name}: no signal (std {values.std().item():.3g})")
-    return problems
+    initialise_parameters(model, seed, lambda name, param: _vector_value(name, param, layer_scale), _FAN_IN_GAINS)
 
 
 def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0) -> Path:

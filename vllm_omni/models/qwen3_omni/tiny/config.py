@@ -11,9 +11,11 @@ from typing import Any
 
 from transformers import Qwen3OmniMoeConfig
 
+from vllm_omni.models.byte_level_tokenizer import QWEN_ROLE_WORD_IDS
+
 # Real Qwen3-Omni-30B-A3B special-token ids (qwen3-omni-pipeline.md, "Token ids").
 IM_START, IM_END = 151644, 151645
-SYSTEM_WORD, USER_WORD, ASSISTANT_WORD = 8948, 872, 77091
+SYSTEM_WORD, USER_WORD, ASSISTANT_WORD = (QWEN_ROLE_WORD_IDS[role] for role in ("system", "user", "assistant"))
 AUDIO_START, AUDIO_END, AUDIO_PAD = 151669, 151670, 151675
 IMAGE_PAD, VIDEO_PAD, VISION_START, VISION_END = 151655, 151656, 151652, 151653
 TTS_PAD, TTS_BOS, TTS_EOS = 151671, 151672, 151673

@@ -1,9 +1,9 @@
 """Tokenizer, chat template and processor files for the tiny Qwen3-Omni checkpoint.
 
-Built locally, with no download: a byte-level BPE whose ids agree with the real Qwen
-tokenizer where the pipeline depends on them (each byte's id, the role words `system`,
-`user`, `assistant`, every special token), padded with unreachable filler tokens (" t<id>") to
-the thinker's embedding size so that every id a random model emits still decodes.
+Built locally, with no download: a byte-level BPE (models/byte_level_tokenizer.py) whose ids
+agree with the real Qwen tokenizer where the pipeline depends on them (each byte's id, the
+role words `system`, `user`, `assistant`, every special token), filled up to the thinker's
+embedding size.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
-from vllm_omni.models.qwen3_omni.tiny.config import ASSISTANT_WORD, SYSTEM_WORD, USER_WORD
+from vllm_omni.models.byte_level_tokenizer import byte_level_tokenizer
 
 FIRST_SPECIAL_ID = 151643
 # The real checkpoint's special tokens, in id order from FIRST_SPECIAL_ID.
@@ -32,7 +32,6 @@ SPECIAL_TOKENS = (
     "<|audio_start|>", "<|audio_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
     "<tts_text_bos_single>", "<|audio_pad|>",
 )
-ROLE_WORD_IDS = {"system": SYSTEM_WORD, "user": USER_WORD, "assistant": ASSISTANT_WORD}
 
 # Qwen's chat-ML layout: one `<|im_start|>role\n ... <|im_end|>\n` block per message; media
 # parts become their placeholder (the processor expands the pad token to the feature count).
@@ -81,60 +80,14 @@ CHAT_TEMPLATE = (
 )
 
 
-def byte_level_alphabet() -> list[str]:
-    """GPT-2 / Qwen byte-to-unicode alphabet, in token-id order ('\\n' is id 198, ' ' is 220)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
-    remapped = [b for b in range(256) if b not in printable]
-    return [chr(b) for b in printable] + [chr(256 + i) for i in range(len(remapped))]
-
-
-def _role_word_merges(vocab: dict[str, int]) -> list[tuple[str, str]]:
-    """Merges that spell each role word left to right; intermediate pieces get free ids."""
-    reserved = set(ROLE_WORD_IDS.values())
-    next_free = len(vocab)
-    merges: list[tuple[str, str]] = []
-    for word, word_id in ROLE_WORD_IDS.items():
-        piece = word[0]
-        for char in word[1:]:
-            merges.append((piece, char))
-            piece += char
-            if piece in vocab:
-                continue
-            if piece == word:
-                vocab[piece] = word_id
-            else:
-                while next_free in reserved:
-                    next_free += 1
-                vocab[piece] = next_free
-                next_free += 1
-    return merges
-
-
 def build_tokenizer(vocab_size: int) -> Qwen2Tokenizer:
-    vocab = {char: i for i, char in enumerate(byte_level_alphabet())}
-    merges = _role_word_merges(vocab)
-    used = set(vocab.values())
-    for token_id in range(vocab_size):
-        if FIRST_SPECIAL_ID <= token_id < FIRST_SPECIAL_ID + len(SPECIAL_TOKENS):
-            vocab[SPECIAL_TOKENS[token_id - FIRST_SPECIAL_ID]] = token_id
-        elif token_id not in used:
-            # Unreachable by encoding (no merges lead there); decodes as " t<id>" so a random
-            # model's answers read as words in transcripts.
-            vocab[f"\u0120t{token_id}"] = token_id
     media_tokens = {"audio_token": "<|audio_pad|>", "audio_bos_token": "<|audio_start|>",
                     "audio_eos_token": "<|audio_end|>", "image_token": "<|image_pad|>",
                     "video_token": "<|video_pad|>", "vision_bos_token": "<|vision_start|>",
                     "vision_eos_token": "<|vision_end|>"}
-    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, eos_token="<|im_end|>",
-                               pad_token="<|endoftext|>", extra_special_tokens=media_tokens,
-                               model_max_length=32768)
-    tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)},
-                                 replace_extra_special_tokens=False)
-    if len(tokenizer) != vocab_size:
-        raise RuntimeError(f"tiny tokenizer has {len(tokenizer)} tokens, expected {vocab_size}")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return byte_level_tokenizer(Qwen2Tokenizer, vocab_size, dict(enumerate(SPECIAL_TOKENS, start=FIRST_SPECIAL_ID)),
+                                CHAT_TEMPLATE, unk_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                extra_special_tokens=media_tokens, model_max_length=32768)
 
 
 def save_processor(config: Qwen3OmniMoeConfig, out_dir: Path) -> None:
