@@ -41,6 +41,18 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def minicpmo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny MiniCPM-o 4.5 checkpoint, its config and tokenizer classes registered."""
+    from vllm_omni.models.minicpmo.config import register_hf_classes
+    from vllm_omni.models.minicpmo.tiny.checkpoint import build_tiny_checkpoint
+    from vllm_omni.models.minicpmo.tokenizer import register_tokenizer
+
+    register_hf_classes()
+    register_tokenizer()
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_minicpmo"), seed=0)
+
+
+@pytest.fixture(scope="session")
 def tiny_loaded(tiny_checkpoint: Path):
     """The tiny checkpoint loaded once for every engine in the session."""
     from vllm_omni.models.qwen3_omni.checkpoint import load_checkpoint

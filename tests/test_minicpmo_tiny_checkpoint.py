@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoTokenizer, Qwen3ForCausalLM
 
-from vllm_omni.models.minicpmo.config import MiniCPMOConfig, register_hf_classes
+from vllm_omni.models.minicpmo.config import MiniCPMOConfig
 from vllm_omni.models.minicpmo.tiny.checkpoint import WEIGHTS_FILE, MiniCPMOWeights, build_tiny_checkpoint
-from vllm_omni.models.minicpmo.tokenizer import MiniCPMOTokenizer, register_tokenizer
+from vllm_omni.models.minicpmo.tokenizer import MiniCPMOTokenizer
 
 # Ids of the duplex loop's tokens in the real tokenizer (docs/minicpmo.md, "Special tokens").
 REAL_IDS = {"<unit>": 151683, "</unit>": 151684, "<|listen|>": 151705, "<|speak|>": 151706,
@@ -28,10 +28,8 @@ CHAT_PROMPT = [151644, 872, 198, 71, 68, 75, 75, 78, 151645, 198, 151644, 77091,
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    register_hf_classes()
-    register_tokenizer()
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_minicpmo"), seed=0)
+def checkpoint(minicpmo_checkpoint: Path) -> Path:
+    return minicpmo_checkpoint
 
 
 def sha256(path: Path) -> str:
