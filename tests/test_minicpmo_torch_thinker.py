@@ -4,11 +4,13 @@ ends, forced listens mid-turn, and the model hears its input."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image, ImageDraw
 
 from tests.conftest import read_fixture_pcm
 from vllm_omni.models.minicpmo.mel_stream import unit_close_samples
@@ -75,3 +77,32 @@ def test_the_same_input_gives_the_same_unit(thinker: TorchDuplexThinker) -> None
     runs = [thinker.append_audio(thinker.start(), speech(2), script="speak") for _ in range(2)]
     assert [(u.tokens, u.codes) for u in runs[0]] == [(u.tokens, u.codes) for u in runs[1]]
     assert torch.tensor(runs[0][1].codes).numel() == 25
+
+
+def picture(color: tuple[int, int, int], size: tuple[int, int] = (640, 480)) -> bytes:
+    out = io.BytesIO()
+    image = Image.new("RGB", size, color)
+    ImageDraw.Draw(image).ellipse((100, 100, 300, 300), fill=(255 - color[0], 200, 30))
+    image.save(out, "JPEG")
+    return out.getvalue()
+
+
+def test_a_frame_is_an_image_block_before_the_units_audio(thinker: TorchDuplexThinker) -> None:
+    session = thinker.start()
+    audio = speech(3)
+    thinker.append_audio(session, audio[:4000], frames=[picture((20, 40, 200))], script="listen")  # closes no unit
+    start = session.positions
+    thinker.append_audio(session, audio[4000: unit_close_samples(0)], script="listen")
+    assert session.schema[-6:] == ["<unit>", "<image>", "[image×64]", "</image>", "[audio×10]", "<|listen|></unit>"]
+    assert session.positions - start == 13 + 66  # the frame block: <image>, 64 rows, </image>
+    thinker.append_audio(session, audio[unit_close_samples(0): unit_close_samples(1)], script="listen")
+    assert session.schema[-3:] == ["<unit>", "[audio×10]", "<|listen|></unit>"]  # a unit without frames
+
+
+def test_the_model_looks_at_its_frames(thinker: TorchDuplexThinker) -> None:
+    tokens = []
+    for color in ((20, 40, 200), (230, 230, 20)):
+        (unit,) = thinker.append_audio(thinker.start(), speech(1), frames=[picture(color)], script="speak")
+        tokens.append(unit.tokens)
+    assert tokens[0] != tokens[1]
+

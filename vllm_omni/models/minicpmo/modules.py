@@ -17,8 +17,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaModel
+from transformers.models.idefics2.configuration_idefics2 import Idefics2VisionConfig
+from transformers.models.idefics2.modeling_idefics2 import Idefics2VisionTransformer
 
 from vllm_omni.models.minicpmo.config import MiniCPMOConfig, MiniCPMTTSConfig
+
+
+def vision_tower(config: MiniCPMOConfig) -> Idefics2VisionTransformer:
+    """`vpm`: the SigLIP tower as transformers' Idefics2 vision transformer (the same weights by
+    the same names), with only the layers the model uses (`drop_vision_last_layer`)."""
+    vision = config.vision_config
+    used_layers = vision.num_hidden_layers - int(config.drop_vision_last_layer)
+    return Idefics2VisionTransformer(Idefics2VisionConfig(**{
+        **vision.to_dict(), "num_hidden_layers": used_layers, "model_type": "idefics2_vision"}))
 
 
 class MLPProjector(nn.Module):

@@ -4,9 +4,11 @@ backend (docs/minicpmo.md, "The duplex loop").
 A session's context grows unit by unit in one KV cache, never re-prefilled:
 
     <|im_start|>system\\n{prompt}\\n[<|audio_start|> voice rows <|audio_end|>]<|im_end|>
-    <unit> [10 audio rows] decision … terminator </unit>  <unit> …
+    <unit> [<image> 64 frame rows </image>] [10 audio rows] decision … terminator </unit>  <unit> …
 
-Each unit's 10 audio rows come from the streaming mel front end and audio encoder; the
+Each unit's 10 audio rows come from the streaming mel front end and audio encoder; a unit
+takes the frames of the append that closes it, or of an earlier append that closed none
+(one group per unit, later groups waiting for later units; models/minicpmo/vision.py); the
 logits at the last of them decide the unit (models/minicpmo/unit_decoder.py); each chosen
 token is fed, and its last-layer hidden state (the one the LM head reads) is kept for the
 talker, which turns a speaking unit's text into 25 codec codes (models/minicpmo/talker.py).
@@ -14,6 +16,7 @@ talker, which turns a speaking unit's text into 25 codec codes (models/minicpmo/
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +30,7 @@ from vllm_omni.models.minicpmo.config import MiniCPMOConfig
 from vllm_omni.models.minicpmo.mel_stream import StreamingMel
 from vllm_omni.models.minicpmo.talker import Talker, TalkerSampling, TalkerTurn
 from vllm_omni.models.minicpmo.unit_decoder import DuplexTokenIds, ScriptedDecision, UnitDecoder, UnitSampling
+from vllm_omni.models.minicpmo.vision import FrameEncoder, preprocess
 
 DEFAULT_SYSTEM_PROMPT = "Streaming Omni Conversation."
 
@@ -54,6 +58,7 @@ class DuplexSession:
     mel: StreamingMel = field(default_factory=StreamingMel)
     audio: AudioEncoderState = field(default_factory=AudioEncoderState)
     talker_turn: TalkerTurn = field(default_factory=TalkerTurn)
+    frame_groups: deque[list[bytes]] = field(default_factory=deque)  # waiting for the units they bind to
     units: int = 0
     schema: list[str] = field(default_factory=list)  # the context, one entry per fed run (tests read it)
 
@@ -69,6 +74,7 @@ class TorchDuplexThinker:
                                  strict=True)
         self.encoder = StreamingAudioEncoder.from_checkpoint(path)
         self.talker = Talker.from_checkpoint(path, talker_sampling or TalkerSampling())
+        self.frames = FrameEncoder.from_checkpoint(path)
         self.ids = DuplexTokenIds.from_tokenizer(self.tokenizer)
         self.sampling = sampling or UnitSampling()
 
@@ -86,19 +92,27 @@ class TorchDuplexThinker:
             self._feed_text(session, "<|audio_end|><|im_end|>")
         return session
 
-    def append_audio(self, session: DuplexSession, samples: np.ndarray, *, forced_listen: bool = False,
-                     script: ScriptedDecision | None = None) -> list[UnitResult]:
-        """Decide every unit these samples close (16 kHz float32)."""
+    def append_audio(self, session: DuplexSession, samples: np.ndarray, *, frames: list[bytes] | None = None,
+                     forced_listen: bool = False, script: ScriptedDecision | None = None) -> list[UnitResult]:
+        """Decide every unit these samples close (16 kHz float32); `frames` (encoded JPEG or PNG
+        images) bind to the first unit that closes from now on without frames of its own."""
+        if frames:
+            session.frame_groups.append(frames)
         results = []
         for chunk in session.mel.append(samples):
             rows = self.encoder.encode_unit(torch.from_numpy(chunk), session.audio, first=session.units == 0)
-            results.append(self._unit(session, rows, forced_listen, script))
+            frame_group = session.frame_groups.popleft() if session.frame_groups else []
+            results.append(self._unit(session, frame_group, rows, forced_listen, script))
         return results
 
     @torch.no_grad()
-    def _unit(self, session: DuplexSession, audio_rows: torch.Tensor, forced_listen: bool,
+    def _unit(self, session: DuplexSession, frame_group: list[bytes], audio_rows: torch.Tensor, forced_listen: bool,
               script: ScriptedDecision | None) -> UnitResult:
         self._feed_ids(session, [self.ids.unit])
+        for frame in frame_group:
+            self._feed_text(session, "<image>")
+            self._feed(session, self.frames(preprocess(frame)), f"[image×{self.config.query_num}]")
+            self._feed_text(session, "</image>")
         logits, _ = self._feed(session, audio_rows, f"[audio×{audio_rows.shape[0]}]")
         decoder = session.decoder
         decoder.begin_unit(forced_listen, script)

@@ -17,12 +17,10 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 from transformers import GenerationConfig, Qwen3ForCausalLM
-from transformers.models.idefics2.configuration_idefics2 import Idefics2VisionConfig
-from transformers.models.idefics2.modeling_idefics2 import Idefics2VisionTransformer
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
 from vllm_omni.models.minicpmo.config import MiniCPMOConfig
-from vllm_omni.models.minicpmo.modules import MiniCPMTTS, MLPProjector, ResamplerWeights
+from vllm_omni.models.minicpmo.modules import MiniCPMTTS, MLPProjector, ResamplerWeights, vision_tower
 from vllm_omni.models.minicpmo.tiny.config import ENDOFTEXT, IM_END, tiny_config
 from vllm_omni.models.minicpmo.tiny.tokenizer import save_tokenizer_files
 from vllm_omni.models.tiny_weights import find_weight_problems, initialise_parameters
@@ -52,11 +50,8 @@ class MiniCPMOWeights(nn.Module):
 
     def __init__(self, config: MiniCPMOConfig):
         super().__init__()
-        vision = config.vision_config
-        used_layers = vision.num_hidden_layers - int(config.drop_vision_last_layer)
         self.llm = Qwen3ForCausalLM(config)
-        self.vpm = Idefics2VisionTransformer(Idefics2VisionConfig(**{
-            **vision.to_dict(), "num_hidden_layers": used_layers, "model_type": "idefics2_vision"}))
+        self.vpm = vision_tower(config)
         self.resampler = ResamplerWeights(config)
         self.apm = WhisperEncoder(config.audio_config)
         self.audio_projection_layer = MLPProjector(config.audio_config.encoder_ffn_dim // 4, config.hidden_size)
