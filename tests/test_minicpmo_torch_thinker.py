@@ -31,12 +31,12 @@ def speech(units: int) -> np.ndarray:
 
 def test_listen_units_grow_the_context_by_13(thinker: TorchDuplexThinker) -> None:
     session = thinker.start()
-    assert session.schema == ["<|im_start|>system\nStreaming Omni Conversation.\n<|im_end|>"]
+    assert thinker.schema(session) == ["<|im_start|>system\nStreaming Omni Conversation.\n<|im_end|>"]
     start = session.positions
     results = thinker.append_audio(session, speech(3), script="listen")
     assert [r.listened for r in results] == [True] * 3 and all(r.codes == [] for r in results)
     assert session.positions - start == 3 * 13  # <unit>, 10 audio rows, <|listen|>, </unit>
-    assert session.schema[1:] == ["<unit>", "[audio×10]", "<|listen|></unit>"] * 3
+    assert thinker.schema(session)[1:] == ["<unit>", "[audio×10]", "<|listen|></unit>"] * 3
 
 
 def test_speaking_units_feed_the_talker_and_a_turn_end_resets_it(thinker: TorchDuplexThinker) -> None:
@@ -61,7 +61,7 @@ def test_a_forced_listen_mid_turn_closes_the_turn_in_the_context(thinker: TorchD
     thinker.append_audio(session, audio[: unit_close_samples(0)], script="speak")
     (forced,) = thinker.append_audio(session, audio[unit_close_samples(0):], forced_listen=True, script="speak")
     assert forced.tokens == [thinker.ids.turn_eos, thinker.ids.listen] and forced.ended_turn
-    assert session.schema[-2:] == ["<|turn_eos|>", "<|listen|></unit>"]
+    assert thinker.schema(session)[-2:] == ["<|turn_eos|>", "<|listen|></unit>"]
 
 
 def test_the_model_hears_its_input(thinker: TorchDuplexThinker) -> None:
@@ -93,10 +93,11 @@ def test_a_frame_is_an_image_block_before_the_units_audio(thinker: TorchDuplexTh
     thinker.append_audio(session, audio[:4000], frames=[picture((20, 40, 200))], script="listen")  # closes no unit
     start = session.positions
     thinker.append_audio(session, audio[4000: unit_close_samples(0)], script="listen")
-    assert session.schema[-6:] == ["<unit>", "<image>", "[image×64]", "</image>", "[audio×10]", "<|listen|></unit>"]
+    assert thinker.schema(session)[-6:] == ["<unit>", "<image>", "[image×64]", "</image>", "[audio×10]",
+                                            "<|listen|></unit>"]
     assert session.positions - start == 13 + 66  # the frame block: <image>, 64 rows, </image>
     thinker.append_audio(session, audio[unit_close_samples(0): unit_close_samples(1)], script="listen")
-    assert session.schema[-3:] == ["<unit>", "[audio×10]", "<|listen|></unit>"]  # a unit without frames
+    assert thinker.schema(session)[-3:] == ["<unit>", "[audio×10]", "<|listen|></unit>"]  # a unit without frames
 
 
 def test_the_model_looks_at_its_frames(thinker: TorchDuplexThinker) -> None:

@@ -86,8 +86,9 @@ class Talker:
         rows = self.condition_rows(token_ids, hidden)
         logits = self._step(turn, rows)
         codes: list[int] = []
+        window = self.sampling.window
         for step in range(SAMPLED_PER_UNIT):
-            code = self._sample(logits, turn.codes + codes, may_end, generator)
+            code = self._sample(logits, (turn.codes[-window:] + codes)[-window:], may_end, generator)
             if code == self.end_code or step == SAMPLED_PER_UNIT - 1:
                 break
             codes.append(code)
@@ -104,10 +105,11 @@ class Talker:
         turn.position += rows.shape[0]
         return self.tts.head_code[0](output.last_hidden_state[0, -1])
 
-    def _sample(self, logits: torch.Tensor, history: list[int], may_end: bool,
+    def _sample(self, logits: torch.Tensor, recent_codes: list[int], may_end: bool,
                 generator: torch.Generator | None) -> int:
+        """`recent_codes`: the turn's last codes, which the repetition penalty covers."""
         logits = logits.clone()
-        recent = torch.tensor(sorted(set(history[-self.sampling.window:])), dtype=torch.long)
+        recent = torch.tensor(sorted(set(recent_codes)), dtype=torch.long)
         if recent.numel():
             penalty = self.sampling.repetition_penalty
             picked = logits[recent]

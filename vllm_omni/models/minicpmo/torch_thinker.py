@@ -60,7 +60,7 @@ class DuplexSession:
     talker_turn: TalkerTurn = field(default_factory=TalkerTurn)
     frame_groups: deque[list[bytes]] = field(default_factory=deque)  # waiting for the units they bind to
     units: int = 0
-    schema: list[str] = field(default_factory=list)  # the context, one entry per fed run (tests read it)
+    fed: list[list[int] | str] = field(default_factory=list)  # the context per fed run: token ids, or a label
 
 
 class TorchDuplexThinker:
@@ -136,6 +136,11 @@ class TorchDuplexThinker:
             session.talker_turn = TalkerTurn()
         return UnitResult(tokens, self._text(text_tokens), codes, listened, ended_turn)
 
+    def schema(self, session: DuplexSession) -> list[str]:
+        """The session's context, one entry per fed run: text as the tokenizer spells it,
+        embedding runs as `[audio×10]`, `[image×64]`, … (for tests and debugging)."""
+        return [run if isinstance(run, str) else self.tokenizer.decode(run) for run in session.fed]
+
     def _text(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
@@ -144,14 +149,15 @@ class TorchDuplexThinker:
 
     def _feed_ids(self, session: DuplexSession, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         rows = self.llm.model.embed_tokens(torch.tensor(ids))
-        return self._feed(session, rows, self.tokenizer.decode(ids))
+        return self._feed(session, rows, ids)
 
-    def _feed(self, session: DuplexSession, rows: torch.Tensor, shown: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def _feed(self, session: DuplexSession, rows: torch.Tensor, run: list[int] | str) -> tuple[torch.Tensor,
+                                                                                               torch.Tensor]:
         """Feed `rows` at the next positions: (logits after the last, its hidden state)."""
         positions = torch.arange(session.positions, session.positions + rows.shape[0])[None]
         output = self.llm.model(inputs_embeds=rows[None], position_ids=positions, past_key_values=session.cache,
                                 use_cache=True)
         session.positions += rows.shape[0]
-        session.schema.append(shown)
+        session.fed.append(run)
         last = output.last_hidden_state[0, -1]
         return self.llm.lm_head(last), last
