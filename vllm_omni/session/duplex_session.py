@@ -126,19 +126,14 @@ class DuplexSession(TurnSession):
         if "ref_audio" in update:
             raise ProtocolError("ref_audio_update_unsupported", "ref_audio can only be set when the session opens",
                                 "ref_audio")
-        self._check_voice_change(update)
         result = super()._session_update({k: v for k, v in update.items() if k not in OPEN_TIME_ONLY})
         if result.rejected:
             raise result.rejected[0]
-        return result
-
-    def _check_voice_change(self, update: dict[str, Any]) -> None:
-        """The voice is fixed once the session has spoken (§13.2)."""
-        output = update.get("audio", {}).get("output", {}) if isinstance(update.get("audio"), dict) else {}
-        voice = update.get("voice", output.get("voice") if isinstance(output, dict) else None)
-        if voice is not None and voice != self.config.voice and self.responses.spoke:
+        voice = result.config.voice
+        if voice is not None and voice != self.config.voice and self.responses.spoke:  # fixed once spoken (§13.2)
             raise ProtocolError("voice_update_after_audio_unsupported", "the voice cannot change once the session "
                                 "has produced audio", "voice")
+        return result
 
     def configure_opening(self, opening: dict[str, Any]) -> None:
         """The opening session object, open-time fields included; any problem refuses the open."""
