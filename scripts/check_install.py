@@ -10,6 +10,8 @@ REQUIRED = (
     "uvicorn", "websockets", "pydantic", "yaml", "prometheus_client", "vllm_omni",
     # vLLM's Qwen3-Omni thinker; it imports torchvision through the Qwen2-VL image processor.
     "vllm.model_executor.models.qwen3_omni_moe_thinker",
+    # MiniCPM-o's token2wav networks (step-audio2, installed --no-deps) and their imports.
+    "cosyvoice2.flow.flow", "flashcosyvoice.modules.hifigan", "einops", "scipy", "onnx",
 )
 
 

@@ -16,6 +16,7 @@ from vllm_omni.client.connection import RealtimeConnection as Client
 from vllm_omni.client.streaming import append_events as client_append_events
 from vllm_omni.config import get_deploy_config_path, load_deploy_config, modify_stage_config
 from vllm_omni.engine import OmniEngine
+from vllm_omni.engine.native_duplex import NativeDuplexEngine
 from vllm_omni.models.qwen3_omni.family import Qwen3OmniFamily
 from vllm_omni.server.app import create_app
 from vllm_omni.server.settings import ServerSettings
@@ -40,9 +41,9 @@ def running_server(checkpoint, overrides: dict[str, Any], **settings: Any):
 
 
 @contextmanager
-def serving(engine: OmniEngine, **settings: Any):
+def serving(engine: OmniEngine | NativeDuplexEngine, model_name: str = MODEL_NAME, **settings: Any):
     """Serve an existing engine on a free port; yield (ws URL, engine, app)."""
-    app = create_app(engine, ServerSettings(served_model_names=[MODEL_NAME], **settings))
+    app = create_app(engine, ServerSettings(served_model_names=[model_name], **settings))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            ws_max_size=16 * 1024 * 1024))

@@ -51,6 +51,18 @@ CASES: list[tuple[Any, dict[str, Any], str, dict[str, Any]]] = [
                           "reason": "server_vad_speech_started"}, "overlap.decision",
      {"session_id": "sess_1", "epoch": 2, "policy": "barge_in_on_speech", "action": "barge_in",
       "reason": "server_vad_speech_started", "metadata": {}}),
+    (b.response_listen, {"session_id": "duplex-1", "epoch": 0, "reason": "model_listen"}, "response.listen",
+     {"session_id": "duplex-1", "epoch": 0, "response": {
+         "object": "realtime.response", "status": "listening",
+         "metadata": {"reason": "model_listen", "model_listen": True}}}),
+    (b.response_listen, {"session_id": "duplex-1", "epoch": 1, "reason": "continuation_limit",
+                         "response_id": "resp_1"}, "response.listen",
+     {"session_id": "duplex-1", "epoch": 1, "response_id": "resp_1", "response": {
+         "object": "realtime.response", "status": "listening",
+         "metadata": {"reason": "continuation_limit", "model_listen": False}}}),
+    (b.response_speak, {"session_id": "duplex-1", "epoch": 0, "response_id": "resp_1", "item_id": "item_resp_1"},
+     "response.speak", {"response_id": "resp_1", "item_id": "item_resp_1", "output_index": 0, "content_index": 0,
+                        "metadata": {"session_id": "duplex-1", "epoch": 0, "model_speak": True}}),
     (b.item_added, {"previous_item_id": None, "item": ITEM}, "conversation.item.added",
      {"previous_item_id": None, "item": ITEM}),
     (b.item_created, {"previous_item_id": "item_0", "item": ITEM}, "conversation.item.created",

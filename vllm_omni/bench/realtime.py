@@ -7,12 +7,12 @@ their responses and, in a barge-in run, the barge-in reaction time (client/barge
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+from vllm_omni.bench.report import pyplot, write_json
 from vllm_omni.client.barge_in import CANCELLED, run_barge_in_session
 from vllm_omni.client.timing import summarize
 from vllm_omni.client.turns import SessionResult, run_session
@@ -99,11 +99,7 @@ def format_table(results: dict[str, list[dict[str, Any]]]) -> str:
 
 def write_plot(results: dict[str, list[dict[str, Any]]], path: Path) -> Path:
     """TTFP and RTF (p50 with a p95 whisker) against the number of concurrent sessions."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
     for name, rows in results.items():
         sessions = [row["sessions"] for row in rows]
@@ -128,7 +124,5 @@ def write_plot(results: dict[str, list[dict[str, Any]]], path: Path) -> Path:
 
 
 def write_results(results: dict[str, list[dict[str, Any]]], settings: dict[str, Any], out_dir: Path) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = out_dir / "results.json"
-    json_path.write_text(json.dumps({"settings": settings, "results": results}, indent=2))
+    json_path = write_json(out_dir, "results.json", settings, results)
     return [json_path, write_plot(results, out_dir / "ttfp_rtf_vs_sessions.png")]

@@ -11,7 +11,6 @@ moment the stream passed that speech end to the `input_audio_buffer.committed` e
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from vllm_omni.audio.silero_vad import RATE, SileroModel, VadConfig, VadDetector
+from vllm_omni.bench.report import pyplot, write_json
 from vllm_omni.client.connection import RealtimeConnection
 from vllm_omni.client.session_setup import ga_session_update
 from vllm_omni.client.streaming import append_events
@@ -124,19 +124,13 @@ def _ms(value: float | None) -> str:
 
 
 def write_results(rows: list[dict[str, Any]], settings: dict[str, Any], out_dir: Path) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = out_dir / "turn_detection.json"
-    json_path.write_text(json.dumps({"settings": settings, "results": rows}, indent=2))
+    json_path = write_json(out_dir, "turn_detection.json", settings, rows)
     return [json_path, write_plot(rows, out_dir / "turn_detection.png")]
 
 
 def write_plot(rows: list[dict[str, Any]], path: Path) -> Path:
     """Each turn's delay after the speech end, one column per setting."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     settings = list(dict.fromkeys(row["setting"] for row in rows))
     figure, axis = plt.subplots(figsize=(8, 4))
     for x, setting in enumerate(settings):

@@ -36,6 +36,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     realtime.add_argument("--baseline-thinker-tokens", type=int, default=64)
     realtime.add_argument("--baseline-talker-tokens", type=int, default=256)
     realtime.set_defaults(run=run_realtime_bench)
+    native = kinds.add_parser("native", help="concurrent natively duplex sessions (MiniCPM-o): decision lag, TTFP")
+    native.add_argument("--url", required=True, help="a natively duplex server (http(s)://host:port or ws(s)://…)")
+    native.add_argument("--wav", required=True, help="the clip every session streams: 16 kHz mono 16-bit PCM WAV")
+    native.add_argument("--ref-audio", help="the voice to speak in (16 kHz mono 16-bit WAV); without it, text only")
+    native.add_argument("--sessions", default="1,4", help="concurrency levels, comma-separated (default 1,4)")
+    native.add_argument("--model", help="model name to ask for (default: the server's)")
+    native.add_argument("--out-dir", required=True, help="where native.json and the plot go")
+    native.set_defaults(run=run_native_bench)
     turns = kinds.add_parser("turn-detection", help="how soon each turn-detection setting ends the same turns")
     turns.add_argument("--url", required=True, help="the server to measure (http(s)://host:port or ws(s)://…)")
     turns.add_argument("--wav", action="append", required=True,
@@ -105,6 +113,31 @@ def run_realtime_bench(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
     failures = [f for rows in results.values() for row in rows for f in row["failures"]]
     for failure in failures:
+        print(f"session failed: {failure}", file=sys.stderr)
+    return 0
+
+
+def run_native_bench(args: argparse.Namespace) -> int:
+    from vllm_omni.bench.native import format_table, run_benchmark, write_results
+    from vllm_omni.client.native_duplex import native_opening
+    from vllm_omni.client.url import realtime_url
+    from vllm_omni.client.wav import WavError, read_pcm16, wav_data_url
+
+    try:
+        levels = _levels(args.sessions)
+        pcm = read_pcm16(args.wav)
+        opening = native_opening(model=args.model, ref_audio=wav_data_url(args.ref_audio) if args.ref_audio else None)
+    except (WavError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    url = realtime_url(args.url)
+    rows = run_benchmark(url, levels, pcm, opening)
+    print(format_table(rows))
+    written = write_results(rows, {"url": url, "wav": args.wav, "ref_audio": args.ref_audio, "levels": levels,
+                                   "paced": "real time"}, Path(args.out_dir))
+    for path in written:
+        print(f"wrote {path}")
+    for failure in (f for row in rows for f in row["failures"]):
         print(f"session failed: {failure}", file=sys.stderr)
     return 0
 

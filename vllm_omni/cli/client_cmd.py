@@ -1,6 +1,7 @@
-"""`vllm-omni client --url URL --wav in.wav --out out.wav [--duplex] [--image PATH]`: speak a WAV
-file to a realtime server (GA lane, or the duplex lane of docs/realtime-api.md §13), save the
-spoken answers, print transcripts and per-turn timing."""
+"""`vllm-omni client --url URL --wav in.wav --out out.wav [--duplex [--native --ref-audio voice.wav]]
+[--image PATH]`: speak a WAV file to a realtime server (GA lane, or the duplex lane of
+docs/realtime-api.md §13; `--native` for a model that decides its own turns, §13.7), save the
+spoken answers, print transcripts and timing."""
 
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     client.add_argument("--fast", action="store_true", help="send audio as fast as possible, not in real time")
     client.add_argument("--api-key", help="bearer token, if the server requires one")
     client.add_argument("--duplex", action="store_true", help="use the duplex lane (a session_mode: duplex server)")
+    client.add_argument("--native", action="store_true",
+                        help="with --duplex: a natively duplex model (MiniCPM-o), which hears the WAV unit by unit "
+                             "and decides itself when to speak")
+    client.add_argument("--ref-audio", help="with --native: the voice to speak in (16 kHz mono 16-bit WAV); "
+                                            "without it the answers are text only")
     client.add_argument("--image", help="an image (PNG, JPEG) to show the model before the audio, as a user message")
     client.set_defaults(run=run_client)
 
@@ -43,6 +49,8 @@ def run_client(args: argparse.Namespace) -> int:
     from vllm_omni.client.url import realtime_url
     from vllm_omni.client.wav import WavError, read_pcm16, write_pcm16
 
+    if args.native or args.ref_audio:
+        return run_native_client(args)
     try:
         url = realtime_url(args.url, model=args.model)
         pcm = read_pcm16(args.wav)
@@ -79,3 +87,39 @@ def run_client(args: argparse.Namespace) -> int:
     print(f"wrote {args.out} ({len(result.audio) / (2 * rate):.2f} s at {rate} Hz)")
     return 0 if not result.errors and all(t.response and t.response.status == "completed" for t in result.turns) \
         else EXIT_FAILED
+
+
+def run_native_client(args: argparse.Namespace) -> int:
+    from vllm_omni.client.native_duplex import native_opening, run_native_session
+    from vllm_omni.client.url import realtime_url
+    from vllm_omni.client.wav import WavError, read_pcm16, wav_data_url, write_pcm16
+
+    try:
+        if not (args.native and args.duplex):
+            raise ValueError("--native (and --ref-audio) need --duplex: native sessions live on the duplex lane")
+        if args.image is not None or args.turns != 1 or args.server_vad:
+            raise ValueError("--native takes one clip: no --image, --turns or --server-vad")
+        url = realtime_url(args.url)
+        pcm = read_pcm16(args.wav)
+        voice = wav_data_url(args.ref_audio) if args.ref_audio else None
+    except (WavError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
+    try:
+        result = asyncio.run(run_native_session(url, pcm, opening=native_opening(model=args.model, ref_audio=voice),
+                                                realtime=not args.fast, headers=headers))
+    except Exception as exc:
+        print(f"error: {url}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print("units: " + "".join("S" if d == "speak" else "." for d in result.decisions) + "  (S: spoke, .: listened)")
+    for number, record in enumerate(result.responses, 1):
+        print(f"response {number} ({record.status}): {record.transcript.strip()}")
+    for error in result.errors:
+        print(f"server error: {error.get('error', error)}", file=sys.stderr)
+    lag, ttfp = result.summary["decision_lag_ms"], result.summary["ttfp_ms"]
+    print(f"\ndecision lag ms: p50 {lag['p50']} p95 {lag['p95']}; TTFP ms: p50 {ttfp['p50']} p95 {ttfp['p95']}")
+    rate = next((r.sample_rate for r in result.responses), 24000)
+    write_pcm16(args.out, result.audio, rate)
+    print(f"wrote {args.out} ({len(result.audio) / (2 * rate):.2f} s at {rate} Hz)")
+    return 0 if not result.errors else EXIT_FAILED

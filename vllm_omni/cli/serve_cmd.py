@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from vllm_omni.config import SessionDefaults
+    from vllm_omni.session.base import NativeDuplexSettings
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -60,11 +61,20 @@ def serve_model(args: argparse.Namespace) -> int:
         protect_metrics=args.protect_metrics, turn_detection_defaults=turn_detection_defaults(defaults),
         session_mode=deploy.session_mode, disconnect_grace_s=defaults.disconnect_grace_s,
         idle_ttl_s=defaults.idle_ttl_s, reaper_interval_s=defaults.reaper_interval_s,
+        native_duplex=native_duplex_settings(defaults),
         **{name: value for name, value in limits.items() if value is not None})
     app = create_app(engine, settings)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, ws_max_size=16 * 1024 * 1024,
                 ws_ping_interval=20, ws_ping_timeout=20)
     return 0
+
+
+def native_duplex_settings(defaults: SessionDefaults) -> NativeDuplexSettings:
+    from vllm_omni.session.base import NativeDuplexSettings
+
+    return NativeDuplexSettings(allow_test_decisions=defaults.test_decisions,
+                                continuation_limit_units=defaults.continuation_limit_units,
+                                continuation_period_ms=defaults.continuation_period_ms)
 
 
 def turn_detection_defaults(defaults: SessionDefaults) -> dict[str, float]:

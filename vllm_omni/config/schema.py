@@ -109,6 +109,13 @@ class SessionDefaults(_Strict):
     disconnect_grace_s: PositiveFloat = 30.0
     idle_ttl_s: PositiveFloat | None = 300.0
     reaper_interval_s: PositiveFloat = 5.0
+    # Natively duplex models (docs/realtime-api.md §13.7): while the model speaks and no input
+    # arrives for continuation_period_ms, a silence unit keeps it going, at most
+    # continuation_limit_units per response; test_decisions lets sessions script the model's
+    # per-unit decisions (`extra_body.duplex_test_decisions`), for tests only.
+    continuation_period_ms: PositiveFloat = 1000.0
+    continuation_limit_units: PositiveInt = 64
+    test_decisions: bool = False
 
 
 class DeployConfig(_Strict):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from vllm_omni.engine.native_duplex import NativeDuplexEngine
 from vllm_omni.engine.request import AudioInputStream, EngineOutput, OmniRequest
 
 
@@ -25,6 +26,10 @@ class EngineClient(Protocol):
     @property
     def accepts_images(self) -> bool:
         """Whether user turns may carry images (the model sees them and the deploy allows them)."""
+
+    @property
+    def native_duplex(self) -> NativeDuplexEngine | None:
+        """Unit streams of a model that decides its own turns (None: a turn-based model)."""
 
     def create_audio_stream(self) -> AudioInputStream:
         """A stream to hand user audio to while the user is still speaking."""

@@ -13,6 +13,7 @@ from typing import Any
 from vllm_omni.config import DeployConfig, load_deploy_config
 from vllm_omni.engine import OmniEngine
 from vllm_omni.engine.family import ModelFamily
+from vllm_omni.engine.native_duplex import NativeDuplexEngine
 
 
 @dataclass(frozen=True)
@@ -20,12 +21,17 @@ class FamilyEntry:
     name: str
     architectures: tuple[str, ...]
     model_types: tuple[str, ...]
-    loader: str  # "module:Class" with a `load(model, deploy, **options)` classmethod
+    # "module:Class" with a `load(model, deploy, **options)` classmethod: a `ModelFamily` whose
+    # stage pipeline the engine runs, or (`native_duplex`) the engine itself
+    loader: str
+    native_duplex: bool = False  # the model decides its own turns (engine/native_duplex.py)
 
 
 FAMILIES = (
     FamilyEntry("qwen3_omni", ("Qwen3OmniMoeForConditionalGeneration",), ("qwen3_omni_moe",),
                 "vllm_omni.models.qwen3_omni.family:Qwen3OmniFamily"),
+    FamilyEntry("minicpmo_4_5", ("MiniCPMO",), ("minicpmo",),
+                "vllm_omni.models.minicpmo.duplex_model:MiniCPMOUnitModel", native_duplex=True),
 )
 
 
@@ -53,12 +59,23 @@ def find_family(config: dict[str, Any]) -> FamilyEntry:
                             f"(model_type {config.get('model_type')!r}); known: {known}")
 
 
-def load_family(model: str | Path, deploy: DeployConfig, **options: Any) -> ModelFamily:
-    module, _, name = find_family(checkpoint_config(model)).loader.partition(":")
+def _load(entry: FamilyEntry, model: str | Path, deploy: DeployConfig, **options: Any) -> Any:
+    module, _, name = entry.loader.partition(":")
     return getattr(importlib.import_module(module), name).load(model, deploy, **options)
 
 
-def load_engine(model: str | Path, deploy_config: str | Path | DeployConfig, **options: Any) -> OmniEngine:
+def load_family(model: str | Path, deploy: DeployConfig, **options: Any) -> ModelFamily:
+    entry = find_family(checkpoint_config(model))
+    if entry.native_duplex:
+        raise UnknownModelError(f"{entry.name} decides its own turns: it has no stage pipeline to load")
+    return _load(entry, model, deploy, **options)
+
+
+def load_engine(model: str | Path, deploy_config: str | Path | DeployConfig,
+                **options: Any) -> OmniEngine | NativeDuplexEngine:
     """An engine serving `model` with the family its checkpoint belongs to."""
     deploy = deploy_config if isinstance(deploy_config, DeployConfig) else load_deploy_config(deploy_config)
-    return OmniEngine(load_family(model, deploy, **options))
+    entry = find_family(checkpoint_config(model))
+    if entry.native_duplex:
+        return _load(entry, model, deploy, **options)
+    return OmniEngine(_load(entry, model, deploy, **options))

@@ -150,7 +150,7 @@ class InputAudioBufferAppend(ClientEvent):
     speech_probability: Probability | None = None
     vad: VadHint | None = None
     overlap_silence_rms: Annotated[float, Field(ge=0)] | None = None
-    video_frames: list[str] | None = None
+    video_frames: list[str | None] | None = None
     max_slice_nums: Literal[1] | None = None
     overlap_action: str | None = None
     overlap: str | None = None

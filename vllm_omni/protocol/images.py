@@ -17,6 +17,35 @@ from vllm_omni.protocol.errors import ProtocolError
 MAX_IMAGE_BASE64_CHARS = 4_000_000
 DATA_URL_PREFIXES = ("data:image/jpeg;base64,", "data:image/png;base64,")
 MAGIC = (b"\xff\xd8", b"\x89PNG")  # JPEG, PNG
+MAX_FRAMES_PER_APPEND = 2  # a base frame and an optional composite (docs/realtime-api.md §13.8)
+
+
+def frames_from_append(frames: list[str | None]) -> list[bytes]:
+    """The encoded images of an append's `video_frames` (bare base64; `null` entries skipped);
+    `invalid_video_frames` naming the problem otherwise."""
+    def problem(message: str) -> ProtocolError:
+        return ProtocolError("invalid_video_frames", message, "video_frames")
+
+    given = [frame for frame in frames if frame is not None]
+    if len(given) > MAX_FRAMES_PER_APPEND:
+        raise problem(f"video_frames carries more than {MAX_FRAMES_PER_APPEND} frames for one append "
+                      f"({len(given)}): send a base frame and at most one composite")
+    decoded = []
+    for frame in given:
+        if not frame:
+            raise problem("video_frames must be non-empty base64 strings")
+        if frame.startswith("data:"):
+            raise problem("video_frames must be bare base64 (no data: URL prefix)")
+        if len(frame) > MAX_IMAGE_BASE64_CHARS:
+            raise problem(f"a video frame exceeds 4MB base64 ({len(frame)} characters)")
+        try:
+            data = base64.b64decode(frame, validate=True)
+        except (binascii.Error, ValueError):
+            raise problem("video_frames must be valid base64") from None
+        if not data.startswith(MAGIC):
+            raise problem("video_frames must be JPEG or PNG images")
+        decoded.append(data)
+    return decoded
 
 
 def image_from_data_url(url: object, where: str) -> bytes:

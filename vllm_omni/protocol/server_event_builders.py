@@ -154,6 +154,20 @@ def response_created(*, response: dict[str, Any]) -> Wire:
     return event(kinds.RESPONSE_CREATED, response_id=response["id"], response=response)
 
 
+def response_listen(*, session_id: str, epoch: int, reason: str, response_id: str | None = None) -> Wire:
+    """A unit the model listened in (docs/realtime-api.md §13.7); `response_id` only when the
+    listen ends that response (its response.done follows)."""
+    metadata = {"reason": reason, "model_listen": reason == "model_listen"}
+    response = {"object": "realtime.response", "status": "listening", "metadata": metadata}
+    fields = {} if response_id is None else {"response_id": response_id}
+    return event(kinds.RESPONSE_LISTEN, session_id=session_id, epoch=epoch, **fields, response=response)
+
+
+def response_speak(*, session_id: str, epoch: int, response_id: str, item_id: str) -> Wire:
+    return event(kinds.RESPONSE_SPEAK, response_id=response_id, item_id=item_id, output_index=0, content_index=0,
+                 metadata={"session_id": session_id, "epoch": epoch, "model_speak": True})
+
+
 def response_done(*, response: dict[str, Any], stage_metrics: dict[str, Any], playback: dict[str, int],
                   committed: bool) -> Wire:
     """`response`: a `response_object`; its id is repeated as the event's `response_id`. The
@@ -192,12 +206,16 @@ def content_part_done(*, response_id: str, item_id: str, part: dict[str, Any], o
 
 def output_audio_delta(*, response_id: str, item_id: str, delta: str, format: str, sample_rate_hz: int,
                        audio_duration_ms: int, playback: dict[str, int], session_id: str,
-                       output_index: int = 0, content_index: int = 0) -> Wire:
+                       output_index: int = 0, content_index: int = 0, end_of_turn: bool = False,
+                       audio_text_marks: list[dict[str, int]] | None = None) -> Wire:
     """`delta`: base64 audio. The [EXT] fields go in `vllm_omni`: `audio_duration_ms` is the
     response's audio so far, this chunk included; `playback` is copied, as it is the
-    response's live counters."""
+    response's live counters; `end_of_turn` marks a natively duplex model's last delta of its
+    turn, `audio_text_marks` where the text spoken so far ends in the audio."""
     report = {"format": format, "sample_rate_hz": sample_rate_hz, "audio_duration_ms": audio_duration_ms,
-              "end_of_turn": False, "playback": dict(playback), "session_id": session_id}
+              "end_of_turn": end_of_turn, "playback": dict(playback), "session_id": session_id}
+    if audio_text_marks is not None:
+        report["audio_text_marks"] = audio_text_marks
     return _part_event(kinds.OUTPUT_AUDIO_DELTA, response_id, item_id, output_index, content_index, delta=delta,
                        vllm_omni=report)
 

@@ -21,6 +21,8 @@ AUDIO_BUFFER_TIMEOUT_TRIGGERED = "input_audio_buffer.timeout_triggered"
 AUDIO_BUFFER_COMMITTED = "input_audio_buffer.committed"
 AUDIO_BUFFER_CLEARED = "input_audio_buffer.cleared"
 OVERLAP_DECISION = "overlap.decision"
+RESPONSE_LISTEN = "response.listen"  # a natively duplex model listened for a unit
+RESPONSE_SPEAK = "response.speak"  # it started speaking: before its response's first delta
 
 # Conversation items
 ITEM_ADDED = "conversation.item.added"

@@ -160,7 +160,7 @@ def parse_turn_detection(value: Any, mode: str, defaults: Mapping[str, float] | 
         if key in value and not isinstance(value[key], bool):
             raise ProtocolError(code, f"turn_detection.{key} must be true or false", param)
     fields = {**(defaults or {}), **{k: v for k, v in value.items() if k in TURN_DETECTION_FIELDS}}
-    fields.setdefault("interrupt_response", mode == "duplex")
+    fields.setdefault("interrupt_response", mode != "turn")
     return TurnDetection(**fields)
 
 
@@ -179,7 +179,7 @@ def _semantic_vad(value: dict[str, Any], mode: str, defaults: Mapping[str, float
         if key in value and not isinstance(value[key], bool):
             raise ProtocolError(code, f"turn_detection.{key} must be true or false", param)
     fields = {**(defaults or {}), **{k: v for k, v in value.items() if k in ("create_response", "interrupt_response")}}
-    fields.setdefault("interrupt_response", mode == "duplex")
+    fields.setdefault("interrupt_response", mode != "turn")
     return TurnDetection(**{**fields, "type": "semantic_vad", "eagerness": eagerness,
                             "silence_duration_ms": SEMANTIC_VAD_PAUSES_MS[eagerness][1]})
 

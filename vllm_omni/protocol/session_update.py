@@ -143,7 +143,7 @@ def _turn_detection(u: _Update) -> dict[str, Any] | None:
         updates["turn_detection"] = parse_turn_detection(td, u.mode, u.vad_defaults)
     if policy is not _UNSET:
         _apply_overlap_policy(policy, td, updates, u.current)
-    if extra.get("auto_response") is True:
+    if extra.get("auto_response") is True and u.mode != "native_duplex":  # natively duplex models hear all input
         raise ProtocolError("invalid_duplex_runtime_config",
                             "auto_response requires server VAD or explicit commits in turn mode", "extra_body")
     return updates

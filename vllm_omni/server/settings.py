@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from vllm_omni.protocol.session_config import TURN_DETECTION_DEFAULT_FIELDS
 from vllm_omni.protocol.states import SessionMode
-from vllm_omni.session.base import DEFAULT_MAX_HISTORY_AUDIO_S, SessionOptions
+from vllm_omni.session.base import DEFAULT_MAX_HISTORY_AUDIO_S, NativeDuplexSettings, SessionOptions
 
 
 @dataclass
@@ -28,6 +28,7 @@ class ServerSettings:
     # server-VAD values (threshold, silence_duration_ms, prefix_padding_ms) for clients that turn
     # server_vad on without them; what is missing keeps the built-in 0.5 / 500 / 300
     turn_detection_defaults: dict[str, float] = field(default_factory=dict)
+    native_duplex: NativeDuplexSettings = field(default_factory=NativeDuplexSettings)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.turn_detection_defaults) - set(TURN_DETECTION_DEFAULT_FIELDS))
@@ -41,4 +42,5 @@ class ServerSettings:
                               vad_model_path=self.vad_model_path, end_of_turn_model_path=self.end_of_turn_model_path,
                               default_speaker=self.default_speaker,
                               max_history_audio_s=self.max_history_audio_s, max_sessions=self.max_sessions,
-                              turn_detection_defaults=dict(self.turn_detection_defaults))
+                              turn_detection_defaults=dict(self.turn_detection_defaults),
+                              native_duplex=self.native_duplex)

@@ -32,6 +32,15 @@ def ga_only(emit: Emit) -> Emit:
 
 
 @dataclass(frozen=True)
+class NativeDuplexSettings:
+    """A deploy's settings for natively duplex sessions (docs/realtime-api.md §13.7)."""
+
+    allow_test_decisions: bool = False  # sessions may script the model's decisions (tests only)
+    continuation_limit_units: int = 64  # silence units one response may be fed
+    continuation_period_ms: float = 1000.0  # no input for this long while the model speaks: a silence unit
+
+
+@dataclass(frozen=True)
 class SessionOptions:
     """What every session of a server gets from its deploy."""
 
@@ -45,6 +54,7 @@ class SessionOptions:
     # server-VAD fields (protocol.session_config.TURN_DETECTION_DEFAULT_FIELDS) a client that
     # turns server_vad on without them gets; the rest keep the built-in defaults
     turn_detection_defaults: dict[str, float] = field(default_factory=dict)
+    native_duplex: NativeDuplexSettings = NativeDuplexSettings()
 
 
 class RealtimeSession(Protocol):

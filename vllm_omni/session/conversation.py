@@ -31,13 +31,14 @@ class Item:
     images: list[ItemImage] = field(default_factory=list)  # a user message's pictures, in order
     audio_duration_ms: int = 0  # assistant audio generated
     text_cap_chars: int | None = None  # hard cap from truncation / barge-in
-    awaiting_ack: bool = False  # ack_only: spoken, but not yet acknowledged as heard (no text in history yet)
+    awaiting_ack: bool = False  # ack_only: spoken, but not yet acknowledged as heard in full
+    heard_chars: int = 0  # while awaiting_ack: the text acknowledged so far (models with text–audio marks)
 
     @property
     def kept_text(self) -> str:
-        if self.awaiting_ack:
-            return ""
         text = self.text or ""
+        if self.awaiting_ack:
+            text = text[: self.heard_chars]
         return text if self.text_cap_chars is None else text[: self.text_cap_chars]
 
     @property

@@ -137,6 +137,7 @@ class DuplexSession(TurnSession):
 
     def configure_opening(self, opening: dict[str, Any]) -> None:
         """The opening session object, open-time fields included; any problem refuses the open."""
+        self._check_opening(opening)
         result = super()._session_update(opening)
         if result.rejected:
             problem = result.rejected[0]
@@ -146,9 +147,17 @@ class DuplexSession(TurnSession):
         self.config = result.config
         self.input.configure(self.config.turn_detection)
 
+    def _check_opening(self, opening: dict[str, Any]) -> None:
+        if opening.get("ref_audio") is not None:
+            raise ProtocolError("invalid_duplex_runtime_config", "this model takes no ref_audio (it has no voice "
+                                "cloning); choose a voice", "ref_audio")
+
+    def opened(self) -> None:
+        """session.created and session.updated are out: the session may start its work."""
+
 
 def _check_model_fields(opening: dict[str, Any]) -> None:
-    """What this model cannot take on the duplex lane (a turn-based model has no voice cloning)."""
+    """What no duplex model takes (voice prompts come as `ref_audio` data)."""
     for key in REF_AUDIO_PATHS:
         if key in opening:
             raise ProtocolError("unsupported_ref_audio_path", f"{key} is not supported; send ref_audio", key)
@@ -156,15 +165,13 @@ def _check_model_fields(opening: dict[str, Any]) -> None:
 
 def open_duplex_session(engine: EngineClient, options: SessionOptions, opening: dict[str, Any],
                         model: str, emit: Emit, *, session_id: str | None = None,
-                        created_fields: Mapping[str, Any] | None = None) -> DuplexSession:
-    """A session opened with the `opening` session object (docs/realtime-api.md §13.1):
+                        created_fields: Mapping[str, Any] | None = None,
+                        kind: type[DuplexSession] = DuplexSession) -> DuplexSession:
+    """A session of `kind` opened with the `opening` session object (docs/realtime-api.md §13.1):
     session.created, then session.updated with the same object. Raises ProtocolError (the
     connection then ends) when the object cannot open one: `model_not_found`, or
     `invalid_session_config` naming the problem."""
     _check_model_fields(opening)
-    if opening.get("ref_audio") is not None:
-        raise ProtocolError("invalid_duplex_runtime_config", "this model takes no ref_audio (it has no voice "
-                            "cloning); choose a voice", "ref_audio")
     model = opening.get("model") or model
     if model not in options.served_models:
         raise ProtocolError("model_not_found", f"The model `{str(model)[:200]}` does not exist.", "model")
@@ -173,9 +180,10 @@ def open_duplex_session(engine: EngineClient, options: SessionOptions, opening: 
         emit(duplex_view(server_event))
 
     config = SessionConfig(id=session_id or new_id("duplex-"), model=model, input_format=DUPLEX_INPUT)
-    session = DuplexSession(engine, config, options, duplex_emit)
+    session = kind(engine, config, options, duplex_emit)
     session.configure_opening(opening)
     # resume credentials (attachment_generation, resume_token) ride on session.created only
     duplex_emit(event(SESSION_CREATED, session=session.session_object(), **(created_fields or {})))
     duplex_emit(session_updated(session=session.session_object()))
+    session.opened()
     return session

@@ -16,6 +16,7 @@ from vllm_omni.protocol.states import SessionMode
 from vllm_omni.session.base import Emit, RealtimeSession, SessionOptions, ga_only
 from vllm_omni.session.duplex_session import DuplexSession, open_duplex_session
 from vllm_omni.session.legacy_session import LegacySession
+from vllm_omni.session.native_duplex_session import NativeDuplexSession
 from vllm_omni.session.turn_lanes import TurnLanes
 from vllm_omni.session.turn_session import TurnSession
 
@@ -58,8 +59,10 @@ class SessionFactory:
             return self._open_turn
         if not duplex_endpoint and duplex_asked is False:
             raise SessionRefused("Realtime API is not available")
+        kind = DuplexSession if self.engine.native_duplex is None else NativeDuplexSession
         return DuplexRoute(lambda opening, model, emit, session_id, created: open_duplex_session(
-            self.engine, self.options, opening, model, emit, session_id=session_id, created_fields=created))
+            self.engine, self.options, opening, model, emit, session_id=session_id, created_fields=created,
+            kind=kind))
 
     def _open_turn(self, model: str, emit: Emit, extensions: bool) -> RealtimeSession:
         """A turn-mode session: GA lane, or legacy if the client's first events ask for it;

@@ -74,3 +74,17 @@ def decide(ev: ce.InputAudioBufferAppend, samples: np.ndarray, *, policy: str,
     if policy == "listen_only":
         return OverlapDecision("listen", "policy_listen_only", keep=True)
     return OverlapDecision("barge_in", "policy_barge_in_on_speech", keep=True)
+
+
+def decide_native(ev: ce.InputAudioBufferAppend, samples: np.ndarray, *, policy: str) -> OverlapDecision:
+    """For a natively duplex model, which hears overlapping audio itself (docs/realtime-api.md
+    §13.7): the append barges in when it asks to, or when it sounds like speech under
+    `barge_in_on_speech`; otherwise the model listens to it and decides."""
+    action = (ev.overlap_action or ev.overlap or "").lower()
+    if action in BARGE_IN_ACTIONS:
+        return OverlapDecision("barge_in", "client_overlap_action", keep=True)
+    if ev.force_barge_in:
+        return OverlapDecision("barge_in", "client_force_barge_in", keep=True)
+    if policy == "barge_in_on_speech" and sounds_like_speech(ev, samples):
+        return OverlapDecision("barge_in", "barge_in_on_speech", keep=True)
+    return OverlapDecision("listen", "auto_response_continuous", keep=True)

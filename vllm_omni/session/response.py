@@ -96,6 +96,7 @@ class ResponseRun:
         self._started_at = time.monotonic()
         self._stage_metrics: dict[str, Any] = {}
         self.playback = {"generated_ms": 0, "sent_ms": 0, "played_ms": 0, "committed_ms": 0}
+        self.text_marks: list[dict[str, int]] = []  # where each unit's text ends in the audio (fed responses)
 
     # Addressing -------------------------------------------------------------------------
 
@@ -116,7 +117,14 @@ class ResponseRun:
     # Lifecycle ----------------------------------------------------------------------------
 
     def start(self, engine: EngineClient, request: OmniRequest, previous_item_id: str | None) -> None:
+        """Announce the response and stream `request`'s outputs into it."""
         self.request_id = request.request_id
+        self.open(previous_item_id)
+        self.task = asyncio.create_task(self._run(engine, request), name=f"response-{self.id}")
+
+    def open(self, previous_item_id: str | None) -> None:
+        """Announce the response: created, its item, the item's first part. A response that no
+        engine request streams (a natively duplex model's turn) is then fed with `deliver_unit`."""
         self.previous_item_id = previous_item_id
         self._emit(response_created(response=self._response(
             ResponseStatus.IN_PROGRESS, output=[], metadata=self.options.metadata)))
@@ -125,7 +133,6 @@ class ResponseRun:
         self._emit(output_item_added(response_id=self.id, item=self.item.to_wire()))
         if self.wants_audio:
             self._emit(content_part_added(**self._addr(0), part={"type": "audio", "transcript": ""}))
-        self.task = asyncio.create_task(self._run(engine, request), name=f"response-{self.id}")
 
     async def _run(self, engine: EngineClient, request: OmniRequest) -> None:
         try:
@@ -151,6 +158,20 @@ class ResponseRun:
             logger.exception("response %s failed", self.id)
             self._fail("engine_error", f"{type(exc).__name__}: {exc}")
 
+    def deliver_unit(self, chunk: AudioChunk | None, text: str, *, end_of_turn: bool) -> None:
+        """One unit of a natively duplex model's turn: its audio delta (with the text–audio
+        mark, docs/realtime-api.md §13.7) right before its transcript delta."""
+        if self.done:
+            return
+        if chunk is not None:
+            self._on_audio(chunk, text_chars=len(self.transcript) + len(text), end_of_turn=end_of_turn)
+        self._on_text(text)
+
+    def complete(self) -> None:
+        """End a fed response (the model ended its turn)."""
+        if not self.done:
+            self._finish(ResponseStatus.COMPLETED, None, None)
+
     def _on_text(self, text: str) -> None:
         if not self.transcript:
             metrics.TTFT.observe(time.monotonic() - self._started_at)
@@ -164,7 +185,8 @@ class ResponseRun:
             self._emit(content_part_added(**self._addr(0), part={"type": "text", "text": ""}))
         self._emit(output_text_delta(**self._addr(0), delta=text))
 
-    def _on_audio(self, chunk: AudioChunk) -> None:
+    def _on_audio(self, chunk: AudioChunk, *, text_chars: int | None = None, end_of_turn: bool = False) -> None:
+        """`text_chars`: the transcript's length once this chunk's text is out (a text–audio mark)."""
         if not self._audio_sent:
             metrics.TTFP.observe(time.monotonic() - self._started_at)
         self._audio_sent = True
@@ -174,10 +196,13 @@ class ResponseRun:
         duration_ms = self._audio_samples * 1000 // chunk.sample_rate
         self.item.audio_duration_ms = duration_ms
         self.playback["generated_ms"] = self.playback["sent_ms"] = duration_ms
+        if text_chars is not None:
+            self.text_marks.append({"text_chars": text_chars, "audio_end_ms": duration_ms})
         data, rate = encode_output(chunk.pcm16, chunk.sample_rate, self.options.output_format)
         self._emit(output_audio_delta(**self._addr(0), delta=b64(data), format=self.options.output_format.name,
                                       sample_rate_hz=rate, audio_duration_ms=duration_ms, playback=self.playback,
-                                      session_id=self.session_id))
+                                      session_id=self.session_id, end_of_turn=end_of_turn,
+                                      audio_text_marks=self.text_marks[-1:] if text_chars is not None else None))
 
     def _on_tool_call(self, call: ToolCall) -> None:
         """A function call the model made: its own output item, its arguments in one delta."""
@@ -273,7 +298,16 @@ class ResponseRun:
         return self.options.history_on_ack and self.item.audio_duration_ms > self.playback["committed_ms"]
 
     def cut_transcript(self, audio_end_ms: int) -> None:
-        """Keep only the text spoken in the first `audio_end_ms` (proportional: no alignment marks)."""
-        total = max(self.item.audio_duration_ms, 1)
-        chars = int(np.floor(len(self.item.text or "") * min(audio_end_ms, total) / total))
+        """Keep only the text spoken in the first `audio_end_ms`: by the text–audio marks where
+        the model gave them (piecewise linear between them), else in proportion."""
+        chars = self.spoken_chars(audio_end_ms)
         self.item.text_cap_chars = chars if self.item.text_cap_chars is None else min(chars, self.item.text_cap_chars)
+
+    def spoken_chars(self, audio_end_ms: int) -> int:
+        """How much of the transcript the first `audio_end_ms` of audio speak."""
+        if self.text_marks:
+            ends = [0] + [mark["audio_end_ms"] for mark in self.text_marks]
+            chars = [0] + [mark["text_chars"] for mark in self.text_marks]
+            return int(np.floor(np.interp(audio_end_ms, ends, chars)))
+        total = max(self.item.audio_duration_ms, 1)
+        return int(np.floor(len(self.item.text or "") * min(audio_end_ms, total) / total))

@@ -77,25 +77,36 @@ class ResponseController:
 
     def _start(self, options: ResponseOptions, context: list[Item] | None = None) -> None:
         """`context`: the items the response answers instead of the conversation."""
-        self._on_started()
-        config = self._config()
-        response_id = new_id("resp_")
-        item = Item(id=f"item_{response_id}", role="assistant", status="in_progress")
+        run, previous = self._new_run(options, context)
         messages = prompt_messages(options.instructions, self.conversation.items if context is None else context)
-        # An out-of-band answer (conversation "none") does not enter the history, and leaves the
-        # turn unanswered in the conversation.
-        previous = self.conversation.add(item) if options.in_conversation else None
-        run = ResponseRun(response_id, options, item, session_id=config.id, emit=self._emit, on_done=self._done,
-                          record_item=self.conversation.add if options.in_conversation else None)
-        self.active = self.last_response = run
-        self.responses[response_id] = run
-        if options.in_conversation and context is None:
-            self.unanswered = False
-        request = OmniRequest(messages, request_id=f"{config.id}-{response_id}", speaker=options.speaker,
+        request = OmniRequest(messages, request_id=f"{run.session_id}-{run.id}", speaker=options.speaker,
                               modalities=tuple(options.modalities),
                               max_output_tokens=options.max_output_tokens if options.client_limited else None,
                               temperature=options.temperature, tools=options.tools, tool_choice=options.tool_choice)
         run.start(self.engine, request, previous)
+
+    def begin_fed(self) -> ResponseRun:
+        """A response the session feeds unit by unit (a natively duplex model's turn), announced."""
+        self._refuse_while_active()
+        run, previous = self._new_run(self._options({}), None)
+        run.open(previous)
+        return run
+
+    def _new_run(self, options: ResponseOptions, context: list[Item] | None) -> tuple[ResponseRun, str | None]:
+        """The active response, its item in the conversation; (it, the previous item's id)."""
+        self._on_started()
+        response_id = new_id("resp_")
+        item = Item(id=f"item_{response_id}", role="assistant", status="in_progress")
+        # An out-of-band answer (conversation "none") does not enter the history, and leaves the
+        # turn unanswered in the conversation.
+        previous = self.conversation.add(item) if options.in_conversation else None
+        run = ResponseRun(response_id, options, item, session_id=self._config().id, emit=self._emit,
+                          on_done=self._done, record_item=self.conversation.add if options.in_conversation else None)
+        self.active = self.last_response = run
+        self.responses[response_id] = run
+        if options.in_conversation and context is None:
+            self.unanswered = False
+        return run, previous
 
     @property
     def spoke(self) -> bool:
@@ -173,6 +184,8 @@ class ResponseController:
             run.cut_transcript(committed)
         if run.item.awaiting_ack and not run.awaits_ack:
             run.item.awaiting_ack = False  # heard in full: the whole text enters the history
+        elif run.item.awaiting_ack and run.text_marks:  # the text heard so far, by the model's marks
+            run.item.heard_chars = max(run.item.heard_chars, run.spoken_chars(run.playback["committed_ms"]))
         self._acknowledged(run.item.id, played, committed, ev.truncate, run)
 
     def truncated(self, item: Item, audio_end_ms: int) -> None:
@@ -188,8 +201,8 @@ class ResponseController:
         self._emit(playback_acknowledged(session_id=self._config().id, epoch=self.epoch, item_id=item_id,
                                          played_ms=played, committed_ms=committed, truncate=truncate,
                                          playback=run.playback if run else {},
-                                         history_committed=truncate or (run is not None and run.done
-                                                                        and not run.item.awaiting_ack)))
+                                         history_committed=truncate or (run is not None and run.done and (
+                                             not run.item.awaiting_ack or run.item.heard_chars > 0))))
 
     # End --------------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import os
 from collections.abc import AsyncGenerator
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -73,8 +74,10 @@ class VllmDuplexThinker(DuplexLoop):
     reference; prefix caching always off, as cached positions run no forward to capture)."""
 
     def __init__(self, path: str | Path, sampling: UnitSampling | None = None,
-                 talker_sampling: TalkerSampling | None = None, **engine_args: Any):
+                 talker_sampling: TalkerSampling | None = None, compute: Executor | None = None, **engine_args: Any):
+        """`compute`: where the loop's own torch work (encoders, talker) runs; None: on the event loop."""
         super().__init__(path, sampling, talker_sampling)
+        self.compute = compute
         self.markers = {modality: self.tokenizer.convert_tokens_to_ids(marker) for modality, marker in MARKERS.items()}
         self.chunk_sampling = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False,
                                              output_kind=RequestOutputKind.DELTA)
@@ -115,12 +118,19 @@ class VllmDuplexThinker(DuplexLoop):
         self.engine.shutdown()
 
     async def _drive(self, session: VllmDuplexSession, steps: Steps[T]) -> T:
-        try:
-            feed = next(steps)
-            while True:
-                feed = steps.send(await self._forward(session, feed))
-        except StopIteration as done:
-            return done.value
+        loop = asyncio.get_running_loop()
+
+        def advance(step: Step | None) -> tuple[bool, Any]:
+            """(whether the steps are done, the next feed or their result)."""
+            try:
+                return False, steps.send(step)
+            except StopIteration as done:
+                return True, done.value
+
+        done, value = await loop.run_in_executor(self.compute, advance, None)
+        while not done:
+            done, value = await loop.run_in_executor(self.compute, advance, await self._forward(session, value))
+        return value
 
     async def _forward(self, session: VllmDuplexSession, feed: Feed) -> Step | None:
         session.pending += feed.runs

@@ -1,0 +1,161 @@
+"""Native full duplex: a model that hears its input unit by unit and decides per unit whether
+to listen or to speak (docs/realtime-api.md §13.7; MiniCPM-o 4.5 in docs/minicpmo.md).
+
+A family provides a `UnitModel` (it keeps blocking compute off the event loop itself);
+`NativeDuplexEngine` serves it to sessions, every call with a timeout, so a stuck unit fails
+its own call instead of hanging the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, TypeVar
+
+import numpy as np
+
+from vllm_omni.engine.request import AudioInputStream, EngineOutput, OmniRequest, RequestError
+
+T = TypeVar("T")
+ScriptedDecision = Literal["listen", "speak", "speak_end"]  # test-only per-unit decisions (docs/minicpmo.md)
+CALL_TIMEOUT_S = 60.0  # one append (every unit it closes) or one open; far above a unit's compute
+
+
+@dataclass(frozen=True)
+class DuplexOpening:
+    """What a native session's model context starts from."""
+
+    instructions: str | None = None  # the system prompt; None: the model's default
+    voice_prompt: np.ndarray | None = None  # 16 kHz float32 reference speech (`ref_audio`)
+    wants_audio: bool = True  # speaking units are voiced (else text only)
+    force_listen_count: int = 0  # the first units of every model turn listen (0: off)
+    test_decisions: tuple[ScriptedDecision, ...] = ()  # per session unit, for tests only
+
+
+@dataclass(frozen=True)
+class UnitDecision:
+    """One unit's outcome: the model spoke `text` as `audio`, or listened. A unit that closes the
+    model's turn without words (a forced listen) may still carry the turn's last audio."""
+
+    unit: int  # the session's unit index (0 is the first)
+    spoke: bool  # the model said something in this unit
+    text: str = ""
+    audio: bytes = b""  # PCM16 at the model's output rate
+    end_of_turn: bool = False  # the model ended its turn in this unit
+
+
+class UnitSession(Protocol):
+    """One conversation of a `UnitModel`; its calls never overlap."""
+
+    async def append(self, samples: np.ndarray, frames: Sequence[bytes], force_listen: bool) -> list[UnitDecision]:
+        """Take 16 kHz float32 samples; decide every unit they close. `frames` (JPEG or PNG bytes)
+        bind to the first unit that closes from now on; `force_listen` makes each unit this
+        append closes listen."""
+
+    def samples_to_boundary(self) -> int:
+        """Input samples still missing before the next unit closes (0 right on a boundary)."""
+
+    async def close(self) -> None: ...
+
+
+class UnitModel(Protocol):
+    output_sample_rate: int
+
+    async def open(self, opening: DuplexOpening) -> UnitSession: ...
+
+    def shutdown(self) -> None: ...
+
+
+class NativeDuplexStream:
+    """A session's handle on the model (one caller: the session's feeder, in order)."""
+
+    def __init__(self, engine: NativeDuplexEngine, session: UnitSession):
+        self._engine, self._session = engine, session
+        self.closed = False
+
+    async def append(self, samples: np.ndarray, *, frames: Sequence[bytes] = (),
+                     force_listen: bool = False) -> list[UnitDecision]:
+        return await self._engine.call(self._session.append(samples, frames, force_listen))
+
+    def samples_to_boundary(self) -> int:
+        return self._session.samples_to_boundary()
+
+    async def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._engine.open_streams -= 1
+            await self._engine.call(self._session.close())
+
+
+class NativeDuplexEngine:
+    """The engine of a natively duplex model: sessions open streams (`open_stream`); it takes no
+    turn-shaped requests."""
+
+    def __init__(self, model: UnitModel, *, call_timeout_s: float = CALL_TIMEOUT_S):
+        self.model = model
+        self.call_timeout_s = call_timeout_s
+        self.open_streams = 0
+        self._waiting_calls = 0
+
+    async def call(self, work: Awaitable[T]) -> T:
+        """`work`'s result; TimeoutError past the call timeout."""
+        self._waiting_calls += 1
+        try:
+            return await asyncio.wait_for(work, self.call_timeout_s)
+        finally:
+            self._waiting_calls -= 1
+
+    async def open_stream(self, opening: DuplexOpening) -> NativeDuplexStream:
+        session = await self.call(self.model.open(opening))
+        self.open_streams += 1
+        return NativeDuplexStream(self, session)
+
+    # EngineClient ------------------------------------------------------------------------------
+
+    @property
+    def native_duplex(self) -> NativeDuplexEngine:
+        return self
+
+    @property
+    def speakers(self) -> list[str]:
+        return []
+
+    @property
+    def default_speaker(self) -> str | None:
+        return None
+
+    @property
+    def output_sample_rate(self) -> int:
+        return self.model.output_sample_rate
+
+    @property
+    def accepts_images(self) -> bool:
+        return False  # frames ride the audio appends (docs/realtime-api.md §13.8), not user items
+
+    def create_audio_stream(self) -> AudioInputStream:
+        return AudioInputStream()
+
+    async def generate(self, request: OmniRequest) -> AsyncIterator[EngineOutput]:
+        raise RequestError("this model decides its own turns: it serves native duplex sessions only")
+        yield  # an async generator, as the interface has it
+
+    async def abort(self, request_id: str) -> bool:
+        return False
+
+    # ServedEngine ------------------------------------------------------------------------------
+
+    def unhealthy_stages(self) -> list[str]:
+        return []
+
+    def num_active_requests(self) -> int:
+        return self.open_streams
+
+    def active_requests_by_stage(self) -> dict[str, int]:
+        return {"duplex": self.open_streams}
+
+    def queue_depths(self) -> dict[str, int]:
+        return {"duplex": self._waiting_calls}
+
+    def shutdown(self) -> None:
+        self.model.shutdown()
