@@ -173,6 +173,27 @@ async def test_frames_ride_the_appends_that_close_their_units(server) -> None:
     await client.close_session()
 
 
+async def test_a_frame_on_an_append_that_closes_no_unit_binds_to_the_next_unit(server) -> None:
+    url, _ = server
+    client = await open_session(url, duplex_test_decisions=["listen"] * 2)
+    appends = append_events(silence_pcm(unit_boundary_ms(1)), chunk_ms=200)
+    appends[0]["video_frames"] = [frame_b64(7)]  # 200 ms in: unit 0 closes five appends later
+    await client.send_all(appends)
+    assert [e["type"] for e in await decisions(client, 2)] == ["response.listen"] * 2
+    await client.close_session()
+
+
+async def test_a_text_seeded_session_may_answer_from_its_first_unit(server) -> None:
+    url, _ = server
+    client = await open_session(url, duplex_initial_user_text="hi", duplex_test_decisions=["speak", "speak_end"])
+    await client.send_all(append_events(silence_pcm(unit_boundary_ms(1)), chunk_ms=200))
+    events = await decisions(client, 2)
+    kinds = [e["type"] for e in events]
+    assert kinds.index("response.created") < kinds.index("response.output_text.delta")
+    assert "response.listen" not in kinds and kinds.count("response.output_text.delta") == 2
+    await client.close_session()
+
+
 async def test_a_barge_in_cancels_the_response_and_the_next_unit_listens(server) -> None:
     url, _ = server
     client = await open_session(url, duplex_test_decisions=["speak"] * 8)

@@ -64,6 +64,15 @@ def test_a_forced_listen_mid_turn_closes_the_turn_in_the_context(thinker: TorchD
     assert thinker.schema(session)[-2:] == ["<|turn_eos|>", "<|listen|></unit>"]
 
 
+def test_a_text_seeded_session_opens_with_the_users_turn_and_the_models_turn_open(
+        thinker: TorchDuplexThinker) -> None:
+    session = thinker.start(user_text="Hello there")
+    assert thinker.schema(session) == ["<|im_start|>system\nStreaming Omni Conversation.\n<|im_end|>\n"
+                                       "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n"]
+    (forced,) = thinker.append_audio(session, np.zeros(unit_close_samples(0), dtype=np.float32), forced_listen=True)
+    assert forced.tokens == [thinker.ids.turn_eos, thinker.ids.listen]  # the open turn is closed first
+
+
 def test_the_model_hears_its_input(thinker: TorchDuplexThinker) -> None:
     texts = {}
     for name, samples in (("speech", speech(1)), ("silence", np.zeros(unit_close_samples(0), dtype=np.float32)),

@@ -29,6 +29,7 @@ class DuplexOpening:
     instructions: str | None = None  # the system prompt; None: the model's default
     voice_prompt: np.ndarray | None = None  # 16 kHz float32 reference speech (`ref_audio`)
     wants_audio: bool = True  # speaking units are voiced (else text only)
+    initial_user_text: str | None = None  # the user's opening turn, as text: the model answers it
     force_listen_count: int = 0  # the first units of every model turn listen (0: off)
     test_decisions: tuple[ScriptedDecision, ...] = ()  # per session unit, for tests only
 

@@ -256,10 +256,7 @@ class InputTrack:
         server-initiated turn (server VAD, idle timeout: possibly empty) is padded with silence."""
         count = end_sample - self.pending.start
         if count < MIN_TURN_SAMPLES and not server_initiated:
-            raise ProtocolError("input_audio_buffer_commit_empty",
-                                "Error committing input audio buffer: buffer too small. Expected at least "
-                                f"{MIN_TURN_AUDIO_MS}ms of audio, but buffer only has {max(count, 0) / 16:.2f}ms "
-                                "of audio.")
+            raise commit_too_small(count)
         self.disarm_idle_timer()
         self._feed_stream(end_sample)
         self.pending.drop_until(end_sample)
@@ -309,6 +306,13 @@ class InputTrack:
                                                   audio_end_ms=samples_to_ms(self.timeline), item_id=item_id))
         self._vad.reset()
         self._on_server_commit(self._seal(self.timeline, item_id, server_initiated=True))
+
+
+def commit_too_small(samples: int) -> ProtocolError:
+    """A client commit of fewer than MIN_TURN_SAMPLES samples."""
+    return ProtocolError("input_audio_buffer_commit_empty", "Error committing input audio buffer: buffer too small. "
+                         f"Expected at least {MIN_TURN_AUDIO_MS}ms of audio, but buffer only has "
+                         f"{max(samples, 0) / 16:.2f}ms of audio.")
 
 
 def _append_format(ev: ce.InputAudioBufferAppend, session_format: AudioFormat) -> AudioFormat:

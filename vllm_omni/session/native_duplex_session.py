@@ -27,12 +27,13 @@ from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.images import frames_from_append
 from vllm_omni.protocol.server_event_builders import overlap_decision, response_listen, response_speak
-from vllm_omni.protocol.server_events import error_event
+from vllm_omni.protocol.server_events import error_event, new_id
 from vllm_omni.protocol.session_config import SessionConfig
 from vllm_omni.protocol.session_update import SessionUpdateResult
 from vllm_omni.session.base import Emit, SessionOptions
+from vllm_omni.session.conversation import Item
 from vllm_omni.session.duplex_session import DuplexSession
-from vllm_omni.session.input_track import SealedTurn
+from vllm_omni.session.input_track import MIN_TURN_SAMPLES, SealedTurn, commit_too_small
 from vllm_omni.session.overlap import decide_native
 from vllm_omni.session.response import ResponseRun
 
@@ -83,6 +84,7 @@ class NativeDuplexSession(DuplexSession):
         self._silence_timer: asyncio.TimerHandle | None = None
         self._silence_units = 0  # fed into the current response
         self._model_opening: DuplexOpening | None = None
+        self._uncommitted = 0  # samples since the last commit (kept as a count: the model has heard them)
 
     # Opening ----------------------------------------------------------------------------------
 
@@ -138,7 +140,10 @@ class NativeDuplexSession(DuplexSession):
                                                                           "buffer_audio": True}))
             if decision.action == "barge_in":
                 self._barge_in("barge_in")
-        self.input.take(ev, samples)
+        if self.input.detecting:  # server VAD needs the samples (it keeps only what a turn can need)
+            self.input.take(ev, samples)
+        else:
+            self._uncommitted += samples.size
         self._cancel_silence()
         self._appends.put_nowait(_Append(samples, frames, bool(ev.force_listen)))
 
@@ -154,10 +159,23 @@ class NativeDuplexSession(DuplexSession):
             self._barge_in("turn_detected")
 
     def _commit_native(self, ev: ce.InputAudioBufferCommit) -> None:
-        """The input so far becomes a user item; a residual shorter than a unit is padded with
-        silence to the unit's end, so the model decides it now."""
-        self._commit(self.input.commit())
+        """The input so far becomes a user item (its audio is the model's: the item records how
+        long it was); a residual shorter than a unit is padded with silence to the unit's end,
+        so the model decides it now."""
+        if self.input.detecting:
+            sealed = self.input.commit()
+        else:
+            if self._uncommitted < MIN_TURN_SAMPLES:
+                raise commit_too_small(self._uncommitted)
+            sealed = SealedTurn(Item(id=new_id("item_"), role="user", audio_ms=self._uncommitted // 16),
+                                self._uncommitted)
+            self._uncommitted = 0
+        self._commit(sealed)
         self._appends.put_nowait(_Append(np.zeros(0, np.float32), kind="commit"))
+
+    def _clear_input(self, ev: ce.ClientEvent) -> None:
+        self._uncommitted = 0
+        super()._clear_input(ev)
 
     async def _create_native(self, ev: ce.ResponseCreate) -> None:
         raise ProtocolError("response_create_without_input", "this model decides itself when to speak: stream "
@@ -333,6 +351,10 @@ def native_opening(opening: dict[str, Any], wants_audio: bool, settings: NativeS
         except ValueError as exc:
             raise ProtocolError("invalid_session_config", str(exc), "ref_audio") from None
     instructions = opening.get("instructions")
+    extra = opening.get("extra_body") or {}
+    user_text = opening.get("initial_user_text", extra.get("duplex_initial_user_text"))
+    if user_text is not None and not isinstance(user_text, str):
+        raise ProtocolError("invalid_session_config", "initial_user_text must be a string", "initial_user_text")
     return DuplexOpening(instructions=instructions if isinstance(instructions, str) and instructions else None,
-                         voice_prompt=voice, wants_audio=wants_audio, force_listen_count=settings.force_listen_count,
-                         test_decisions=settings.test_decisions)
+                         initial_user_text=user_text or None, voice_prompt=voice, wants_audio=wants_audio,
+                         force_listen_count=settings.force_listen_count, test_decisions=settings.test_decisions)

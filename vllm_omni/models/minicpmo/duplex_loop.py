@@ -120,16 +120,21 @@ class DuplexLoop:
     def new_decoder(self, generator: torch.Generator | None) -> UnitDecoder:
         return UnitDecoder(self.ids, self.tokenizer.bad_token_ids, self._text, self.sampling, generator)
 
-    def start_steps(self, session: SessionState, system_prompt: str,
-                    voice_rows: torch.Tensor | None) -> Steps[None]:
-        """Feed the system turn (with the voice prompt's rows, if any)."""
+    def start_steps(self, session: SessionState, system_prompt: str, voice_rows: torch.Tensor | None,
+                    user_text: str | None = None) -> Steps[None]:
+        """Feed the system turn (with the voice prompt's rows, if any). `user_text` opens the
+        conversation with a user turn the model answers (its turn is open from the first unit)."""
         prefix = f"<|im_start|>system\n{system_prompt}\n"
+        suffix = "<|im_end|>"
+        if user_text:
+            suffix += f"\n<|im_start|>user\n{user_text}<|im_end|>\n<|im_start|>assistant\n"
+            session.decoder.turn_ended = False
         if voice_rows is None:
-            runs: list[Run] = [self._encode(prefix + "<|im_end|>")]
+            runs: list[Run] = [self._encode(prefix + suffix)]
         else:
             runs = [self._encode(prefix + "<|audio_start|>"),
                     Rows(voice_rows, "audio", f"[voice×{voice_rows.shape[0]}]"),
-                    self._encode("<|audio_end|><|im_end|>")]
+                    self._encode("<|audio_end|>" + suffix)]
         yield from self._feed(session, Feed(runs, wants_step=False))
 
     def append_steps(self, session: SessionState, samples: np.ndarray, frames: list[bytes] | None,

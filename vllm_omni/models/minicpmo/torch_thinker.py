@@ -49,10 +49,11 @@ class TorchDuplexThinker(DuplexLoop):
                                  strict=True)
 
     def start(self, system_prompt: str = DEFAULT_SYSTEM_PROMPT, voice_rows: torch.Tensor | None = None,
-              generator: torch.Generator | None = None) -> DuplexSession:
-        """A session whose context holds the system turn (with the voice prompt's rows, if any)."""
+              generator: torch.Generator | None = None, user_text: str | None = None) -> DuplexSession:
+        """A session whose context holds the system turn (with the voice prompt's rows, if any)
+        and, with `user_text`, the user's opening turn."""
         session = DuplexSession(self.new_decoder(generator))
-        self._drive(session, self.start_steps(session, system_prompt, voice_rows))
+        self._drive(session, self.start_steps(session, system_prompt, voice_rows, user_text))
         return session
 
     def append_audio(self, session: DuplexSession, samples: np.ndarray, *, frames: list[bytes] | None = None,

@@ -91,12 +91,13 @@ class VllmDuplexThinker(DuplexLoop):
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
 
     async def start(self, system_prompt: str = DEFAULT_SYSTEM_PROMPT, voice_rows: torch.Tensor | None = None,
-                    generator: torch.Generator | None = None) -> VllmDuplexSession:
-        """A session whose context holds the system turn (with the voice prompt's rows, if any)."""
+                    generator: torch.Generator | None = None, user_text: str | None = None) -> VllmDuplexSession:
+        """A session whose context holds the system turn (with the voice prompt's rows, if any)
+        and, with `user_text`, the user's opening turn."""
         if voice_rows is not None and voice_rows.shape[0] > MAX_AUDIO_ROWS:
             raise ValueError(f"a voice prompt of {voice_rows.shape[0]} rows; the engine takes at most {MAX_AUDIO_ROWS}")
         session = VllmDuplexSession(self.new_decoder(generator))
-        await self._drive(session, self.start_steps(session, system_prompt, voice_rows))
+        await self._drive(session, self.start_steps(session, system_prompt, voice_rows, user_text))
         return session
 
     async def append_audio(self, session: VllmDuplexSession, samples: np.ndarray, *,
