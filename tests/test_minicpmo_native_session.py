@@ -194,7 +194,8 @@ async def test_a_text_seeded_session_may_answer_from_its_first_unit(server) -> N
     await client.close_session()
 
 
-async def test_a_barge_in_cancels_the_response_and_the_next_unit_listens(server) -> None:
+@pytest.mark.parametrize("interrupt", ["overlap_action", "input.cancel"])
+async def test_a_barge_in_cancels_the_response_and_the_next_unit_listens(server, interrupt: str) -> None:
     url, _ = server
     client = await open_session(url, duplex_test_decisions=["speak"] * 8)
     appends = append_events(silence_pcm(unit_boundary_ms(3)), chunk_ms=200)
@@ -202,15 +203,21 @@ async def test_a_barge_in_cancels_the_response_and_the_next_unit_listens(server)
     await client.send_all(appends[: boundary + 1])
     spoken = await decisions(client, 2)
     response_id = next(e for e in spoken if e["type"] == "response.created")["response"]["id"]
-    await client.send({**appends[boundary + 1], "overlap_action": "barge_in"})
+    if interrupt == "overlap_action":
+        await client.send({**appends[boundary + 1], "overlap_action": "barge_in"})
+    else:  # input.cancel: the client drops its input and stops the answer
+        await client.send({"type": "input.cancel"})
+        await client.send(appends[boundary + 1])
     cancel = await client.until("response.done")
-    decision = next(e for e in cancel if e["type"] == "overlap.decision")
-    assert (decision["action"], decision["reason"]) == ("barge_in", "client_overlap_action")
+    if interrupt == "overlap_action":
+        decision = next(e for e in cancel if e["type"] == "overlap.decision")
+        assert (decision["action"], decision["reason"]) == ("barge_in", "client_overlap_action")
     assert cancel[-1]["response"]["status"] == "cancelled"
     await client.send_all(appends[boundary + 2:])
-    after = await decisions(client, 1)
+    after = await decisions(client, 1)  # the model's turn closes in its context: no new response opens
     assert after[-1]["type"] == "response.listen" and "response_id" not in after[-1]
     assert all(e.get("response_id") != response_id for e in after)
+    assert "response.created" not in [e["type"] for e in after]
     await client.close_session()
 
 

@@ -39,7 +39,6 @@ class UnitDecision:
     """One unit's outcome: the model spoke `text` as `audio`, or listened. A unit that closes the
     model's turn without words (a forced listen) may still carry the turn's last audio."""
 
-    unit: int  # the session's unit index (0 is the first)
     spoke: bool  # the model said something in this unit
     text: str = ""
     audio: bytes = b""  # PCM16 at the model's output rate

@@ -64,7 +64,7 @@ class DuplexSession(TurnSession):
                                     action=decision.action, reason=decision.reason,
                                     metadata={"duration_ms": duration_ms, "buffer_audio": decision.keep}))
         if decision.action == "barge_in":
-            self.responses.cancel_active("barge_in")
+            self._barge_in("barge_in")
         elif decision.keep:
             self.overlap_speech_ms += duration_ms
         if decision.keep:

@@ -15,13 +15,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from vllm_omni.audio.voice_prompt import decode_voice_prompt
 from vllm_omni.engine.interface import EngineClient
-from vllm_omni.engine.native_duplex import DuplexOpening, NativeDuplexEngine, NativeDuplexStream, UnitDecision
+from vllm_omni.engine.native_duplex import (
+    DuplexOpening,
+    NativeDuplexEngine,
+    NativeDuplexStream,
+    ScriptedDecision,
+    UnitDecision,
+)
 from vllm_omni.engine.request import AudioChunk
 from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.errors import ProtocolError
@@ -40,7 +46,7 @@ from vllm_omni.session.response import ResponseRun
 logger = logging.getLogger(__name__)
 
 UNIT_SAMPLES = 16000  # a silence unit (docs/realtime-api.md §13.7)
-TEST_DECISIONS = ("listen", "speak", "speak_end")
+TEST_DECISIONS = get_args(ScriptedDecision)
 WINDOW_KEYS = ("sliding_window_mode", "basic_window_high_tokens", "basic_window_low_tokens", "context_max_units",
                "context_previous_max_tokens")
 MAX_QUEUED_APPENDS = 64  # appends waiting for the model: beyond, input_backpressure
@@ -48,9 +54,8 @@ MAX_QUEUED_APPENDS = 64  # appends waiting for the model: beyond, input_backpres
 
 @dataclass(frozen=True)
 class NativeSettings:
-    """A native session's model-facing fields (fixed when it opens)."""
+    """A native session's model-facing fields (fixed when it opens; only auto_response sessions)."""
 
-    auto_response: bool
     force_listen_count: int
     test_decisions: tuple[str, ...]
 
@@ -151,13 +156,6 @@ class NativeDuplexSession(DuplexSession):
         """Server VAD ends the user's turn in the history only: the model owns when it answers."""
         self._commit(sealed)
 
-    def _speech_started(self) -> None:
-        td = self.config.turn_detection
-        if self.responses.active is not None and td is not None and td.interrupt_response:
-            self._emit(overlap_decision(session_id=self.id, epoch=self.responses.epoch, policy="barge_in_on_speech",
-                                        action="barge_in", reason="server_vad_speech_started", metadata={}))
-            self._barge_in("turn_detected")
-
     def _commit_native(self, ev: ce.InputAudioBufferCommit) -> None:
         """The input so far becomes a user item (its audio is the model's: the item records how
         long it was); a residual shorter than a unit is padded with silence to the unit's end,
@@ -193,9 +191,12 @@ class NativeDuplexSession(DuplexSession):
         if before is not None and self.responses.active is None:
             self._model_turn_cancelled()
 
-    def _barge_in(self, reason: str) -> None:
-        if self.responses.cancel_active(reason):
-            self._model_turn_cancelled()
+    def _barge_in(self, reason: str) -> bool:
+        """Also the model's turn: its next units listen until the turn has closed in its context."""
+        if not super()._barge_in(reason):
+            return False
+        self._model_turn_cancelled()
+        return True
 
     def _model_turn_cancelled(self) -> None:
         """The response is gone; the model's next unit listens, which closes its turn."""
@@ -332,7 +333,7 @@ def native_settings(opening: dict[str, Any], options: SessionOptions) -> NativeS
         if not isinstance(script, list) or any(step not in TEST_DECISIONS for step in script):
             raise ProtocolError("invalid_session_config", f"duplex_test_decisions must be a list of "
                                 f"{', '.join(TEST_DECISIONS)}", "extra_body.duplex_test_decisions")
-    return NativeSettings(True, count, tuple(script or ()))
+    return NativeSettings(count, tuple(script or ()))
 
 
 def native_opening(opening: dict[str, Any], wants_audio: bool, settings: NativeSettings) -> DuplexOpening:

@@ -175,7 +175,7 @@ class TurnSession(ConfiguredSession):
     def _cancel_input(self, ev: ce.ClientEvent) -> None:
         """input.cancel: drop the input and stop the answer (barge-in by the client)."""
         self.input.clear()
-        if not self.responses.cancel_active("barge_in"):
+        if not self._barge_in("barge_in"):
             self._emit(audio_buffer_cleared())
 
     def _append_text(self, ev: ce.InputTextAppend) -> None:
@@ -198,7 +198,11 @@ class TurnSession(ConfiguredSession):
         if self.responses.active is not None and td is not None and td.interrupt_response:
             self._emit(overlap_decision(session_id=self.id, epoch=self.responses.epoch, policy="barge_in_on_speech",
                                         action="barge_in", reason="server_vad_speech_started", metadata={}))
-            self.responses.cancel_active("turn_detected")
+            self._barge_in("turn_detected")
+
+    def _barge_in(self, reason: str) -> bool:
+        """The user interrupts: the active response is cancelled (False: none was active)."""
+        return self.responses.cancel_active(reason)
 
     def _server_commit(self, sealed: SealedTurn) -> None:
         self._commit(sealed)

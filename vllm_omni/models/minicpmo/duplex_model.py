@@ -155,7 +155,7 @@ class MiniCPMOUnitSession:
                 self.units_in_turn = 0 if result.ended_turn else self.units_in_turn + 1
                 said = any(token not in self.markers for token in result.tokens)
                 audio = await self.model.vocode(self._speech, result.codes, result.ended_turn)
-                decisions.append(UnitDecision(unit=unit, spoke=said, text=result.text, audio=audio,
+                decisions.append(UnitDecision(spoke=said, text=result.text, audio=audio,
                                               end_of_turn=result.ended_turn))
         return decisions
 

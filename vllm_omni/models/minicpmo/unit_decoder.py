@@ -27,11 +27,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-ScriptedDecision = Literal["listen", "speak", "speak_end"]
+from vllm_omni.engine.native_duplex import ScriptedDecision
+
 SPEAK_END_TEXT_TOKENS = 3  # a `speak_end` unit's text before it ends the turn
 
 
