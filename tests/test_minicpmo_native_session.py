@@ -256,6 +256,9 @@ async def test_silence_units_continue_a_response_up_to_the_limit(server) -> None
     ({}, {"extra_body": {"sliding_window_mode": "basic"}}, "sliding_window_update_unsupported"),
     ({"extra_body": {"duplex_test_decisions": ["shout"]}}, None, "invalid_session_config"),
     ({"extra_body": {"force_listen_count": -1}}, None, "invalid_session_config"),
+    ({"extra_body": {"sliding_window_mode": "rolling"}}, None, "invalid_sliding_window_config"),
+    ({"extra_body": {"basic_window_high_tokens": 300, "basic_window_low_tokens": 300}}, None,
+     "invalid_sliding_window_config"),
 ])
 async def test_session_config_errors(server, opening, update, code) -> None:
     url, _ = server
@@ -270,6 +273,31 @@ async def test_session_config_errors(server, opening, update, code) -> None:
     await client.send({"type": "session.update", "session": update})
     error = await client.next()
     assert (error["type"], error["error"]["code"]) == ("error", code), error
+    await client.close_session()
+
+
+async def test_a_long_session_stays_inside_its_window(server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """40 units with a small basic window: every unit decided, the context never past the high
+    mark (white-box: the model's session after each append)."""
+    url, engine = server
+    thinker = engine.model.thinker
+    contexts: list[tuple[int, int]] = []
+    append_audio = thinker.append_audio
+
+    async def recorded(session, *args, **kwargs):
+        units = await append_audio(session, *args, **kwargs)
+        contexts.append((session.positions, session.window.slides))
+        return units
+
+    monkeypatch.setattr(thinker, "append_audio", recorded)
+    script = (["listen", "speak", "speak_end"] * 14)[:40]
+    client = await open_session(url, duplex_test_decisions=script, sliding_window_mode="basic",
+                                basic_window_high_tokens=200, basic_window_low_tokens=120)
+    await client.send_all(append_events(silence_pcm(unit_boundary_ms(39)), chunk_ms=1000))
+    events = await decisions(client, 40)
+    done = [e["response"]["status"] for e in events if e["type"] == "response.done"]
+    assert done == ["completed"] * 13
+    assert max(positions for positions, _ in contexts) <= 200 and contexts[-1][1] >= 3
     await client.close_session()
 
 

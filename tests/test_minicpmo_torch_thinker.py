@@ -31,12 +31,12 @@ def speech(units: int) -> np.ndarray:
 
 def test_listen_units_grow_the_context_by_13(thinker: TorchDuplexThinker) -> None:
     session = thinker.start()
-    assert thinker.schema(session) == ["<|im_start|>system\nStreaming Omni Conversation.\n<|im_end|>"]
+    assert thinker.schema(session) == ["<|im_start|>system\nStreaming Omni Conversation.\n", "<|im_end|>"]
     start = session.positions
     results = thinker.append_audio(session, speech(3), script="listen")
     assert [r.listened for r in results] == [True] * 3 and all(r.codes == [] for r in results)
     assert session.positions - start == 3 * 13  # <unit>, 10 audio rows, <|listen|>, </unit>
-    assert thinker.schema(session)[1:] == ["<unit>", "[audio×10]", "<|listen|></unit>"] * 3
+    assert thinker.schema(session)[2:] == ["<unit>", "[audio×10]", "<|listen|></unit>"] * 3
 
 
 def test_speaking_units_feed_the_talker_and_a_turn_end_resets_it(thinker: TorchDuplexThinker) -> None:
@@ -67,7 +67,7 @@ def test_a_forced_listen_mid_turn_closes_the_turn_in_the_context(thinker: TorchD
 def test_a_text_seeded_session_opens_with_the_users_turn_and_the_models_turn_open(
         thinker: TorchDuplexThinker) -> None:
     session = thinker.start(user_text="Hello there")
-    assert thinker.schema(session) == ["<|im_start|>system\nStreaming Omni Conversation.\n<|im_end|>\n"
+    assert thinker.schema(session) == ["<|im_start|>system\nStreaming Omni Conversation.\n", "<|im_end|>\n"
                                        "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n"]
     (forced,) = thinker.append_audio(session, np.zeros(unit_close_samples(0), dtype=np.float32), forced_listen=True)
     assert forced.tokens == [thinker.ids.turn_eos, thinker.ids.listen]  # the open turn is closed first

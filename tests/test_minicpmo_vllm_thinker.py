@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 
 from tests.conftest import read_fixture_pcm
+from vllm_omni.engine.native_duplex import ContextWindow
 from vllm_omni.models.minicpmo.audio_encoder import AudioEncoderState
 from vllm_omni.models.minicpmo.duplex_loop import Feed, Step, UnitResult
 from vllm_omni.models.minicpmo.mel_stream import StreamingMel, unit_close_samples
@@ -185,3 +186,42 @@ async def test_the_context_stays_in_vllm_across_units(vllm_thinker: VllmDuplexTh
     assert vllm_thinker.engine.get_num_unfinished_requests() == held + 1  # the request waits for the next unit
     await vllm_thinker.close(session)
     assert vllm_thinker.engine.get_num_unfinished_requests() == held
+
+
+WINDOWS = {"basic": ContextWindow("basic", high_tokens=120, low_tokens=80),
+           "context": ContextWindow("context", max_units=3, previous_max_tokens=20)}
+WINDOW_SCRIPT: list[ScriptedDecision] = ["listen", "speak", "speak", "speak_end", "listen", "speak", "speak_end",
+                                         "listen", "listen", "speak", "speak_end", "listen"]
+
+
+@pytest.mark.parametrize("mode", WINDOWS)
+async def test_a_sliding_window_rebuilds_the_context_alike_on_both_backends(
+        mode: str, vllm_thinker: VllmDuplexThinker, torch_thinker: TorchDuplexThinker) -> None:
+    """Past its window a session's oldest units go and a new vLLM request re-prefills the rest:
+    the same context, logits and units as the torch backend, which rebuilds its cache alike."""
+    window = WINDOWS[mode]
+    audio = speech("speech_en_long.wav", len(WINDOW_SCRIPT))
+    torch_session = torch_thinker.start(window=window)
+    with StepRecorder(torch_thinker) as torch_steps:
+        torch_units = [unit for u, script in enumerate(WINDOW_SCRIPT)
+                       for unit in torch_thinker.append_audio(torch_session, unit_audio(audio, u), script=script)]
+    held = vllm_thinker.engine.get_num_unfinished_requests()
+    session = await vllm_thinker.start(window=window)
+    units, positions = [], []
+    with StepRecorder(vllm_thinker) as steps:
+        for u, script in enumerate(WINDOW_SCRIPT):
+            units += await vllm_thinker.append_audio(session, unit_audio(audio, u), script=script)
+            positions.append(session.positions)
+            assert session.engine_context == session.engine_forwarded  # each request prefilled once
+    schema = vllm_thinker.schema(session)
+    await vllm_thinker.close(session)
+    assert vllm_thinker.engine.get_num_unfinished_requests() == held  # every request of the session ended
+    assert session.window.slides >= 3 and session.window.slides == torch_session.window.slides
+    assert summary(units) == summary(torch_units) and schema == torch_thinker.schema(torch_session)
+    logits = max(float((ours.logits - ref.logits).abs().max()) for ours, ref in zip(steps, torch_steps, strict=True))
+    print(f"\n{mode} window: {session.window.slides} slides, positions {positions}, max |Δ logits| {logits:.2e}")
+    assert logits < TOLERANCE
+    if mode == "basic":
+        assert max(positions) <= window.high_tokens
+    else:
+        assert len(session.window.units) == window.max_units and schema[1].startswith("\n\nprevious: ")

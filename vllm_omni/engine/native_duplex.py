@@ -19,7 +19,27 @@ from vllm_omni.engine.request import AudioInputStream, EngineOutput, OmniRequest
 
 T = TypeVar("T")
 ScriptedDecision = Literal["listen", "speak", "speak_end"]  # test-only per-unit decisions (docs/minicpmo.md)
+WindowMode = Literal["off", "basic", "context"]
 CALL_TIMEOUT_S = 60.0  # one append (every unit it closes) or one open; far above a unit's compute
+
+
+@dataclass(frozen=True)
+class ContextWindow:
+    """How a session's model context stays bounded (docs/minicpmo.md, "Context windows").
+
+    `basic`: past `high_tokens` positions, the oldest units go, down to `low_tokens`.
+    `context`: beyond `max_units` units, the oldest go, but up to `previous_max_tokens` of
+    their text stays in the system turn. `off`: the context grows until the engine's own
+    limit nears; then units go as in `basic`."""
+
+    mode: WindowMode = "off"
+    high_tokens: int = 8000
+    low_tokens: int = 6000
+    max_units: int = 24
+    previous_max_tokens: int = 500
+
+
+DEFAULT_WINDOW = ContextWindow()
 
 
 @dataclass(frozen=True)
@@ -32,6 +52,7 @@ class DuplexOpening:
     initial_user_text: str | None = None  # the user's opening turn, as text: the model answers it
     force_listen_count: int = 0  # the first units of every model turn listen (0: off)
     test_decisions: tuple[ScriptedDecision, ...] = ()  # per session unit, for tests only
+    window: ContextWindow = DEFAULT_WINDOW
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,14 @@ import numpy as np
 from vllm_omni.audio.voice_prompt import decode_voice_prompt
 from vllm_omni.engine.interface import EngineClient
 from vllm_omni.engine.native_duplex import (
+    DEFAULT_WINDOW,
+    ContextWindow,
     DuplexOpening,
     NativeDuplexEngine,
     NativeDuplexStream,
     ScriptedDecision,
     UnitDecision,
+    WindowMode,
 )
 from vllm_omni.engine.request import AudioChunk
 from vllm_omni.protocol import client_events as ce
@@ -47,8 +50,9 @@ logger = logging.getLogger(__name__)
 
 UNIT_SAMPLES = 16000  # a silence unit (docs/realtime-api.md §13.7)
 TEST_DECISIONS = get_args(ScriptedDecision)
-WINDOW_KEYS = ("sliding_window_mode", "basic_window_high_tokens", "basic_window_low_tokens", "context_max_units",
-               "context_previous_max_tokens")
+WINDOW_SIZES = {"basic_window_high_tokens": "high_tokens", "basic_window_low_tokens": "low_tokens",
+                "context_max_units": "max_units", "context_previous_max_tokens": "previous_max_tokens"}
+WINDOW_KEYS = ("sliding_window_mode", *WINDOW_SIZES)
 MAX_QUEUED_APPENDS = 64  # appends waiting for the model: beyond, input_backpressure
 
 
@@ -58,6 +62,7 @@ class NativeSettings:
 
     force_listen_count: int
     test_decisions: tuple[str, ...]
+    window: ContextWindow
 
 
 @dataclass
@@ -333,7 +338,26 @@ def native_settings(opening: dict[str, Any], options: SessionOptions) -> NativeS
         if not isinstance(script, list) or any(step not in TEST_DECISIONS for step in script):
             raise ProtocolError("invalid_session_config", f"duplex_test_decisions must be a list of "
                                 f"{', '.join(TEST_DECISIONS)}", "extra_body.duplex_test_decisions")
-    return NativeSettings(count, tuple(script or ()))
+    return NativeSettings(count, tuple(script or ()), context_window(extra))
+
+
+def context_window(extra: dict[str, Any]) -> ContextWindow:
+    """The `extra_body` window keys (docs/minicpmo.md, "Context windows"), checked."""
+    mode = extra.get("sliding_window_mode", DEFAULT_WINDOW.mode)
+    if mode not in get_args(WindowMode):
+        raise ProtocolError("invalid_sliding_window_config", f"sliding_window_mode must be one of "
+                            f"{', '.join(get_args(WindowMode))}", "extra_body.sliding_window_mode")
+    sizes = {}
+    for key, name in WINDOW_SIZES.items():
+        value = extra.get(key, getattr(DEFAULT_WINDOW, name))
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ProtocolError("invalid_sliding_window_config", f"{key} must be a positive integer",
+                                f"extra_body.{key}")
+        sizes[name] = value
+    if sizes["low_tokens"] >= sizes["high_tokens"]:
+        raise ProtocolError("invalid_sliding_window_config", "basic_window_low_tokens must be below "
+                            "basic_window_high_tokens", "extra_body.basic_window_low_tokens")
+    return ContextWindow(mode, **sizes)
 
 
 def native_opening(opening: dict[str, Any], wants_audio: bool, settings: NativeSettings) -> DuplexOpening:
@@ -358,4 +382,5 @@ def native_opening(opening: dict[str, Any], wants_audio: bool, settings: NativeS
         raise ProtocolError("invalid_session_config", "initial_user_text must be a string", "initial_user_text")
     return DuplexOpening(instructions=instructions if isinstance(instructions, str) and instructions else None,
                          initial_user_text=user_text or None, voice_prompt=voice, wants_audio=wants_audio,
-                         force_listen_count=settings.force_listen_count, test_decisions=settings.test_decisions)
+                         force_listen_count=settings.force_listen_count, test_decisions=settings.test_decisions,
+                         window=settings.window)

@@ -25,14 +25,16 @@ from collections import deque
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import torch
 from transformers import AutoTokenizer
 
-from vllm_omni.models.minicpmo.audio_encoder import AudioEncoderState, StreamingAudioEncoder
+from vllm_omni.engine.native_duplex import DEFAULT_WINDOW, ContextWindow
+from vllm_omni.models.minicpmo.audio_encoder import ENCODER_FRAMES_PER_UNIT, AudioEncoderState, StreamingAudioEncoder
 from vllm_omni.models.minicpmo.config import MiniCPMOConfig, register_hf_classes
+from vllm_omni.models.minicpmo.context_window import PREVIOUS_MARKER, KeptUnit, Rows, Run, WindowState, runs_length
 from vllm_omni.models.minicpmo.mel_stream import StreamingMel
 from vllm_omni.models.minicpmo.talker import Talker, TalkerSampling, TalkerTurn
 from vllm_omni.models.minicpmo.tokenizer import register_tokenizer
@@ -43,26 +45,18 @@ DEFAULT_SYSTEM_PROMPT = "Streaming Omni Conversation."
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Rows:
-    """A run of embedding rows in the context."""
-
-    rows: torch.Tensor  # [n, hidden]
-    modality: Literal["audio", "image"]
-    label: str  # its schema entry, e.g. "[audio×10]"
-
-
-Run = list[int] | Rows
+MAX_FRAMES_PER_UNIT = 2  # a unit's frame group: a base frame and a composite (docs/realtime-api.md §13.8)
 
 
 @dataclass(frozen=True)
 class Feed:
     runs: list[Run]
     wants_step: bool = True  # False: nothing reads the step after it (a backend may defer the feed)
+    restart: bool = False  # the runs replace the whole context (a context window slid)
 
     @property
     def length(self) -> int:
-        return sum(run.rows.shape[0] if isinstance(run, Rows) else len(run) for run in self.runs)
+        return runs_length(self.runs)
 
 
 @dataclass(frozen=True)
@@ -100,6 +94,8 @@ class SessionState:
     frame_groups: deque[list[bytes]] = field(default_factory=deque)  # waiting for the units they bind to
     units: int = 0
     fed: list[list[int] | str] = field(default_factory=list)  # the context per fed run: token ids, or a label
+    window: WindowState | None = None  # set by the system turn's feed
+    unit_runs: list[Run] = field(default_factory=list)  # what the open unit has fed so far
 
 
 class DuplexLoop:
@@ -116,26 +112,33 @@ class DuplexLoop:
         self.frames = FrameEncoder.from_checkpoint(path)
         self.ids = DuplexTokenIds.from_tokenizer(self.tokenizer)
         self.sampling = sampling or UnitSampling()
+        self.max_context: int | None = None  # the most positions the backend holds (a backend sets it)
 
     def new_decoder(self, generator: torch.Generator | None) -> UnitDecoder:
         return UnitDecoder(self.ids, self.tokenizer.bad_token_ids, self._text, self.sampling, generator)
 
     def start_steps(self, session: SessionState, system_prompt: str, voice_rows: torch.Tensor | None,
-                    user_text: str | None = None) -> Steps[None]:
+                    user_text: str | None = None, window: ContextWindow = DEFAULT_WINDOW) -> Steps[None]:
         """Feed the system turn (with the voice prompt's rows, if any). `user_text` opens the
-        conversation with a user turn the model answers (its turn is open from the first unit)."""
-        prefix = f"<|im_start|>system\n{system_prompt}\n"
+        conversation with a user turn the model answers (its turn is open from the first unit);
+        `window` bounds the context from then on."""
+        prefix: list[Run] = [self._encode(f"<|im_start|>system\n{system_prompt}\n")]
+        if voice_rows is not None:
+            prefix += [self._encode("<|audio_start|>"), Rows(voice_rows, "audio", f"[voice×{voice_rows.shape[0]}]"),
+                       self._encode("<|audio_end|>")]
         suffix = "<|im_end|>"
         if user_text:
             suffix += f"\n<|im_start|>user\n{user_text}<|im_end|>\n<|im_start|>assistant\n"
             session.decoder.turn_ended = False
-        if voice_rows is None:
-            runs: list[Run] = [self._encode(prefix + suffix)]
-        else:
-            runs = [self._encode(prefix + "<|audio_start|>"),
-                    Rows(voice_rows, "audio", f"[voice×{voice_rows.shape[0]}]"),
-                    self._encode("<|audio_end|>" + suffix)]
-        yield from self._feed(session, Feed(runs, wants_step=False))
+        session.window = WindowState(window, prefix, [self._encode(suffix)], self._encode(PREVIOUS_MARKER),
+                                     limit=self.max_context, unit_headroom=self.unit_headroom())
+        yield from self._feed(session, Feed([*prefix, self._encode(suffix)], wants_step=False))
+
+    def unit_headroom(self) -> int:
+        """The most positions one unit adds: `<unit>`, its frames, audio rows, decision, `</unit>`."""
+        frame = self.config.query_num + 2  # `<image>` rows `</image>`
+        return 2 + MAX_FRAMES_PER_UNIT * frame + ENCODER_FRAMES_PER_UNIT // self.config.audio_pool_step \
+            + self.sampling.max_positions
 
     def append_steps(self, session: SessionState, samples: np.ndarray, frames: list[bytes] | None,
                      forced_listen: bool, script: ScriptedDecision | None) -> Steps[list[UnitResult]]:
@@ -148,6 +151,7 @@ class DuplexLoop:
             rows = self.encoder.encode_unit(torch.from_numpy(chunk), session.audio, first=session.units == 0)
             frame_group = session.frame_groups.popleft() if session.frame_groups else []
             results.append((yield from self._unit(session, frame_group, rows, forced_listen, script)))
+            yield from self._slide(session)
         return results
 
     def schema(self, session: SessionState) -> list[str]:
@@ -158,6 +162,7 @@ class DuplexLoop:
     @torch.no_grad()
     def _unit(self, session: SessionState, frame_group: list[bytes], audio_rows: torch.Tensor, forced_listen: bool,
               script: ScriptedDecision | None) -> Steps[UnitResult]:
+        session.unit_runs = []
         runs: list[Run] = [[self.ids.unit]]
         for frame in frame_group:
             runs += [self._encode("<image>"), Rows(self.frames(preprocess(frame)), "image",
@@ -184,13 +189,26 @@ class DuplexLoop:
                                                            ends_turn=ended_turn)
         if ended_turn:
             session.talker_turn = TalkerTurn()
+        said = [token for token in text_tokens if token != self.ids.turn_eos]
+        session.window.keep(KeptUnit(session.unit_runs, said))
         return UnitResult(tokens, self._text(text_tokens), codes, listened, ended_turn)
+
+    def _slide(self, session: SessionState) -> Steps[None]:
+        """Past the session's window: the oldest units go, the rest is the new context."""
+        runs = session.window.slide()
+        if runs is not None:
+            yield from self._feed(session, Feed(runs, wants_step=False, restart=True))
 
     def _feed(self, session: SessionState, feed: Feed) -> Steps[Step]:
         """Have the backend feed `feed`, then record it in the session's context."""
         step = yield feed
-        session.positions += feed.length
-        session.fed += [run if isinstance(run, list) else run.label for run in feed.runs]
+        labels = [run if isinstance(run, list) else run.label for run in feed.runs]
+        if feed.restart:
+            session.positions, session.fed = feed.length, labels
+        else:
+            session.positions += feed.length
+            session.fed += labels
+            session.unit_runs += feed.runs
         return step
 
     def _encode(self, text: str) -> list[int]:

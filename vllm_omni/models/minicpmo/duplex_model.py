@@ -85,7 +85,7 @@ class MiniCPMOUnitModel:
         voice = None if opening.voice_prompt is None else await self.run(self.voice_rows, opening.voice_prompt)
         session = await self.thinker_call("start", opening.instructions or DEFAULT_SYSTEM_PROMPT, voice,
                                           generator=torch.Generator().manual_seed(0),
-                                          user_text=opening.initial_user_text)
+                                          user_text=opening.initial_user_text, window=opening.window)
         speech = None
         if opening.wants_audio:
             if opening.voice_prompt is None:

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import DynamicCache, Qwen3ForCausalLM
 
+from vllm_omni.engine.native_duplex import DEFAULT_WINDOW, ContextWindow
 from vllm_omni.models.minicpmo.duplex_loop import (
     DEFAULT_SYSTEM_PROMPT,
     DuplexLoop,
@@ -47,13 +48,15 @@ class TorchDuplexThinker(DuplexLoop):
         self.llm.load_state_dict({name[len("llm."):]: tensor for name, tensor in
                                   load_file(Path(path) / "model.safetensors").items() if name.startswith("llm.")},
                                  strict=True)
+        self.max_context = self.config.max_position_embeddings
 
     def start(self, system_prompt: str = DEFAULT_SYSTEM_PROMPT, voice_rows: torch.Tensor | None = None,
-              generator: torch.Generator | None = None, user_text: str | None = None) -> DuplexSession:
+              generator: torch.Generator | None = None, user_text: str | None = None,
+              window: ContextWindow = DEFAULT_WINDOW) -> DuplexSession:
         """A session whose context holds the system turn (with the voice prompt's rows, if any)
-        and, with `user_text`, the user's opening turn."""
+        and, with `user_text`, the user's opening turn; `window` bounds it."""
         session = DuplexSession(self.new_decoder(generator))
-        self._drive(session, self.start_steps(session, system_prompt, voice_rows, user_text))
+        self._drive(session, self.start_steps(session, system_prompt, voice_rows, user_text, window))
         return session
 
     def append_audio(self, session: DuplexSession, samples: np.ndarray, *, frames: list[bytes] | None = None,
@@ -75,10 +78,14 @@ class TorchDuplexThinker(DuplexLoop):
 
     @torch.no_grad()
     def _forward(self, session: DuplexSession, feed: Feed) -> Step:
-        """Feed the runs' rows at the next positions: the logits after the last, its hidden state."""
+        """Feed the runs' rows at the next positions (from 0 in a new cache when the feed restarts
+        the context): the logits after the last, its hidden state."""
+        if feed.restart:
+            session.cache = DynamicCache()
+        start = 0 if feed.restart else session.positions
         rows = torch.cat([run.rows if isinstance(run, Rows) else self.llm.model.embed_tokens(torch.tensor(run))
                           for run in feed.runs])
-        positions = torch.arange(session.positions, session.positions + rows.shape[0])[None]
+        positions = torch.arange(start, start + rows.shape[0])[None]
         output = self.llm.model(inputs_embeds=rows[None], position_ids=positions, past_key_values=session.cache,
                                 use_cache=True)
         last = output.last_hidden_state[0, -1]

@@ -35,6 +35,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from vllm_omni.engine.backends.vllm.engine_driver import cpu_platform
 from vllm_omni.engine.backends.vllm.tensor_wire import tensor_from_wire
+from vllm_omni.engine.native_duplex import DEFAULT_WINDOW, ContextWindow
 from vllm_omni.models.minicpmo.duplex_loop import (
     DEFAULT_SYSTEM_PROMPT,
     DuplexLoop,
@@ -53,15 +54,18 @@ from vllm_omni.models.minicpmo.vllm_model import MARKERS, MAX_AUDIO_ROWS
 from vllm_omni.models.vllm_plugin import MINICPMO_DUPLEX_THINKER
 
 T = TypeVar("T")
-MAX_FRAMES_PER_UNIT = 8
-_session_numbers = itertools.count()
+_request_numbers = itertools.count()
+
+
+def _request_id() -> str:
+    return f"minicpmo-duplex-{next(_request_numbers)}"
 
 
 @dataclass
 class VllmDuplexSession(SessionState):
     """One conversation: the loop's state and its vLLM request."""
 
-    request_id: str = field(default_factory=lambda: f"minicpmo-duplex-{next(_session_numbers)}")
+    request_id: str = field(default_factory=_request_id)  # a new one each time a window slides
     chunks: asyncio.Queue[Any] | None = None  # the request's input chunks; None ends the request
     outputs: AsyncGenerator[Any, None] | None = None
     pending: list[Run] = field(default_factory=list)  # fed, not sent yet: they go with the next chunk
@@ -85,19 +89,23 @@ class VllmDuplexThinker(DuplexLoop):
         if cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         kwargs = {"model": str(path), "dtype": "float32", "enable_mm_embeds": True,
-                  "limit_mm_per_prompt": {"audio": 2, "image": MAX_FRAMES_PER_UNIT, "video": 0},
+                  # embeddings only: no tower profiling and no per-prompt count (a re-prefill after a
+                  # window slide carries every kept unit's rows)
+                  "limit_mm_per_prompt": {"audio": 0, "image": 0, "video": 0},
                   "hf_overrides": {"architectures": [MINICPMO_DUPLEX_THINKER]}, "worker_cls": worker_path(cpu),
                   **engine_args, "enable_prefix_caching": False}
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        self.max_context = self.engine.model_config.max_model_len
 
     async def start(self, system_prompt: str = DEFAULT_SYSTEM_PROMPT, voice_rows: torch.Tensor | None = None,
-                    generator: torch.Generator | None = None, user_text: str | None = None) -> VllmDuplexSession:
+                    generator: torch.Generator | None = None, user_text: str | None = None,
+                    window: ContextWindow = DEFAULT_WINDOW) -> VllmDuplexSession:
         """A session whose context holds the system turn (with the voice prompt's rows, if any)
-        and, with `user_text`, the user's opening turn."""
+        and, with `user_text`, the user's opening turn; `window` bounds it."""
         if voice_rows is not None and voice_rows.shape[0] > MAX_AUDIO_ROWS:
             raise ValueError(f"a voice prompt of {voice_rows.shape[0]} rows; the engine takes at most {MAX_AUDIO_ROWS}")
         session = VllmDuplexSession(self.new_decoder(generator))
-        await self._drive(session, self.start_steps(session, system_prompt, voice_rows, user_text))
+        await self._drive(session, self.start_steps(session, system_prompt, voice_rows, user_text, window))
         return session
 
     async def append_audio(self, session: VllmDuplexSession, samples: np.ndarray, *,
@@ -134,6 +142,9 @@ class VllmDuplexThinker(DuplexLoop):
         return value
 
     async def _forward(self, session: VllmDuplexSession, feed: Feed) -> Step | None:
+        if feed.restart:  # the window slid: a new request re-prefills the kept context with the next chunk
+            await self.close(session)
+            session.request_id, session.pending = _request_id(), []
         session.pending += feed.runs
         if not feed.wants_step:
             return None
