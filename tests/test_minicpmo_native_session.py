@@ -38,10 +38,10 @@ def server(minicpmo_checkpoint):
     engine.shutdown()
 
 
-async def open_session(url: str, **extra_body: Any) -> Client:
+async def open_session(url: str, turn_detection: dict[str, Any] | None = None, **extra_body: Any) -> Client:
     client = await Client.open(f"{url}/v1/realtime?duplex=1")
     await client.send({"type": "session.update", "session": {
-        "model": MODEL, "modalities": ["text"], "turn_detection": None, "input_audio_format": "pcm16",
+        "model": MODEL, "modalities": ["text"], "turn_detection": turn_detection, "input_audio_format": "pcm16",
         "extra_body": {"auto_response": True, **extra_body}}})
     created = await client.next()
     assert created["type"] == "session.created", created
@@ -256,6 +256,7 @@ async def test_silence_units_continue_a_response_up_to_the_limit(server) -> None
     ({}, {"extra_body": {"sliding_window_mode": "basic"}}, "sliding_window_update_unsupported"),
     ({"extra_body": {"duplex_test_decisions": ["shout"]}}, None, "invalid_session_config"),
     ({"extra_body": {"force_listen_count": -1}}, None, "invalid_session_config"),
+    ({"extra_body": {"auto_response": "yes"}}, None, "invalid_session_config"),
     ({"extra_body": {"sliding_window_mode": "rolling"}}, None, "invalid_sliding_window_config"),
     ({"extra_body": {"basic_window_high_tokens": 300, "basic_window_low_tokens": 300}}, None,
      "invalid_sliding_window_config"),
@@ -273,6 +274,69 @@ async def test_session_config_errors(server, opening, update, code) -> None:
     await client.send({"type": "session.update", "session": update})
     error = await client.next()
     assert (error["type"], error["error"]["code"]) == ("error", code), error
+    await client.close_session()
+
+
+def speech_pcm(units: int) -> bytes:
+    """Speech from its first loud 200 ms on, up to the end of unit `units - 1`."""
+    return fixture_pcm("speech_en_long.wav")[32 * 200: 32 * (200 + unit_boundary_ms(units - 1))]
+
+
+async def test_a_commit_driven_session_hears_each_turn_at_commit_and_answers_when_asked(server) -> None:
+    url, _ = server
+    client = await open_session(url, auto_response=False,
+                                duplex_test_decisions=["speak", "speak", "speak", "listen", "speak", "speak_end"])
+    await client.send_all(append_events(silence_pcm(400), chunk_ms=200))  # idle silence: not kept
+    await client.send_all(append_events(speech_pcm(3), chunk_ms=200))
+    await client.send({"type": "session.heartbeat"})
+    events = [await client.next() for _ in range(3)]
+    assert [(e["type"], e.get("response", {}).get("metadata", {}).get("reason")) for e in events] == [
+        ("response.listen", "silence_or_noise")] * 2 + [("session.heartbeat_ack", None)]  # the speech waits
+    await client.send({"type": "input_audio_buffer.commit"})
+    heard = await decisions(client, 3)  # the turn's 3 units listen, whatever the model would say
+    assert [e["type"] for e in heard].count("response.listen") == 3 and "response.created" not in [
+        e["type"] for e in heard]
+    await client.send({"type": "response.create"})
+    answer = await decisions(client, 3)
+    if "response.done" not in [e["type"] for e in answer]:
+        answer += await client.until("response.done")
+    kinds = [e["type"] for e in answer]
+    created = next(e for e in answer if e["type"] == "response.created")["response"]["id"]
+    waiting = next(e for e in answer if e["type"] == "response.listen")
+    assert waiting["response_id"] == created and waiting["response"]["metadata"]["reason"] == "model_listen"
+    assert kinds.index("response.created") < kinds.index("response.listen") < kinds.index("response.speak")
+    done = answer[-1]
+    assert (done["type"], done["response"]["id"], done["response"]["status"]) == ("response.done", created,
+                                                                                "completed")
+    await client.close_session()
+
+
+async def test_a_commit_driven_answer_the_model_never_begins_ends_at_the_limit(server) -> None:
+    url, _ = server
+    client = await open_session(url, auto_response=False, duplex_test_decisions=["listen"] * 12)
+    await client.send_all(append_events(speech_pcm(2), chunk_ms=200))
+    await client.send({"type": "input_audio_buffer.commit", "create_response": True})
+    events = await decisions(client, 2 + CONTINUATION_LIMIT)
+    listens = [e for e in events if e["type"] == "response.listen"]
+    assert [e["response"]["metadata"]["reason"] for e in listens] == ["model_listen"] * (1 + CONTINUATION_LIMIT) + [
+        "continuation_limit"]
+    assert all("response_id" in e for e in listens[2:])  # the silence units fed for the answer
+    events += await client.until("response.done")
+    assert events[-1]["response"]["status"] == "completed"
+    assert not {"response.speak", "response.output_text.delta"} & {e["type"] for e in events}  # nothing was said
+    await client.close_session()
+
+
+async def test_a_commit_driven_session_with_server_vad_answers_the_turn_it_detects(server) -> None:
+    url, _ = server
+    client = await open_session(url, turn_detection={"type": "server_vad"}, auto_response=False,
+                                duplex_test_decisions=["speak_end"] * 12)  # heard units are forced to listen
+    await client.send_all(append_events(fixture_pcm("speech_en_single.wav", trailing_silence_s=1.0), chunk_ms=200))
+    events = await client.until("response.done")
+    kinds = [e["type"] for e in events]
+    assert kinds.index("input_audio_buffer.speech_stopped") < kinds.index("input_audio_buffer.committed") < \
+        kinds.index("response.created") < kinds.index("response.speak")
+    assert events[-1]["response"]["status"] == "completed" and kinds.count("response.created") == 1
     await client.close_session()
 
 

@@ -88,6 +88,28 @@ class UnitModel(Protocol):
     def shutdown(self) -> None: ...
 
 
+class HeldAudioStream(AudioInputStream):
+    """A user turn's samples as they arrive, for a commit-driven session to hand the model at
+    commit (the model computes its own features, unit by unit)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self._pieces: list[np.ndarray] = []
+
+    def _take(self, samples: np.ndarray) -> None:
+        self._pieces.append(samples)
+
+    @property
+    def num_samples(self) -> int:
+        return sum(piece.size for piece in self._pieces)
+
+    def close(self) -> np.ndarray:
+        """The turn's 16 kHz float32 samples."""
+        self.closed = True
+        self._pieces = [np.concatenate(self._pieces) if self._pieces else np.zeros(0, np.float32)]
+        return self._pieces[0]
+
+
 class NativeDuplexStream:
     """A session's handle on the model (one caller: the session's feeder, in order)."""
 
@@ -155,7 +177,7 @@ class NativeDuplexEngine:
         return False  # frames ride the audio appends (docs/realtime-api.md §13.8), not user items
 
     def create_audio_stream(self) -> AudioInputStream:
-        return AudioInputStream()
+        return HeldAudioStream()
 
     async def generate(self, request: OmniRequest) -> AsyncIterator[EngineOutput]:
         raise RequestError("this model decides its own turns: it serves native duplex sessions only")

@@ -39,7 +39,10 @@ class AudioInputStream:
     def append(self, samples: np.ndarray, sample_rate: int = 16000) -> None:
         if self.closed:
             raise RequestError("audio stream is closed")
-        self._mel.append(validate_model_audio(samples, sample_rate, "streamed audio"))
+        self._take(validate_model_audio(samples, sample_rate, "streamed audio"))
+
+    def _take(self, samples: np.ndarray) -> None:
+        self._mel.append(samples)
 
     @property
     def num_samples(self) -> int:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from vllm_omni.audio.formats import AudioFormat
 from vllm_omni.engine.interface import EngineClient
 from vllm_omni.protocol import client_events as ce
@@ -50,7 +52,10 @@ class DuplexSession(TurnSession):
     # Input while an answer generates (docs/realtime-api.md §13.6) ------------------------------
 
     def _append(self, ev: ce.InputAudioBufferAppend) -> None:
-        samples = self.input.decode(ev, self.config.input_format)
+        self._hold(ev, self.input.decode(ev, self.config.input_format))
+
+    def _hold(self, ev: ce.InputAudioBufferAppend, samples: np.ndarray) -> None:
+        """Keep an append's samples for the next turn, or not, by the overlap policy."""
         if self.responses.active is None:
             self.input.take(ev, samples)
             return

@@ -2,12 +2,15 @@
 and decides itself, per unit, whether to listen or to speak (MiniCPM-o 4.5).
 
 It keeps the duplex lane's parts (opening, atomic updates, items, the playback ledger, resume)
-and replaces how input reaches the model and how responses start: every append goes, in
-arrival order, to the session's model stream; each unit the model decides becomes
-`response.listen`, or a delta of the response its speaking turn opened (`response.speak`
-first). While the model speaks and no input arrives, silence units keep it going, up to a
-limit. A barge-in cancels the response and makes the next unit listen, which closes the
-model's turn in its context: the context is kept, never re-read.
+and replaces how input reaches the model and how responses start. With `auto_response` every
+append goes, in arrival order, to the session's model stream; each unit the model decides
+becomes `response.listen`, or a delta of the response its speaking turn opened
+(`response.speak` first). A commit-driven session (without it) holds the audio as a turn-based
+duplex session does; a commit hands the turn to the model, which hears it without answering,
+and a response (`response.create`, `create_response`) feeds the model silence units until it
+has spoken its turn. While the model speaks and no input arrives, silence units keep it
+going, up to a limit. A barge-in cancels the response and makes the next unit listen, which
+closes the model's turn in its context: the context is kept, never re-read.
 """
 
 from __future__ import annotations
@@ -15,21 +18,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import numpy as np
 
-from vllm_omni.audio.voice_prompt import decode_voice_prompt
 from vllm_omni.engine.interface import EngineClient
 from vllm_omni.engine.native_duplex import (
-    DEFAULT_WINDOW,
-    ContextWindow,
     DuplexOpening,
     NativeDuplexEngine,
     NativeDuplexStream,
-    ScriptedDecision,
     UnitDecision,
-    WindowMode,
 )
 from vllm_omni.engine.request import AudioChunk
 from vllm_omni.protocol import client_events as ce
@@ -43,26 +41,15 @@ from vllm_omni.session.base import Emit, SessionOptions
 from vllm_omni.session.conversation import Item
 from vllm_omni.session.duplex_session import DuplexSession
 from vllm_omni.session.input_track import MIN_TURN_SAMPLES, SealedTurn, commit_too_small
-from vllm_omni.session.overlap import decide_native
+from vllm_omni.session.native_opening import WINDOW_KEYS, native_opening, native_settings
+from vllm_omni.session.overlap import decide_native, sounds_like_speech
 from vllm_omni.session.response import ResponseRun
 
 logger = logging.getLogger(__name__)
 
 UNIT_SAMPLES = 16000  # a silence unit (docs/realtime-api.md §13.7)
-TEST_DECISIONS = get_args(ScriptedDecision)
-WINDOW_SIZES = {"basic_window_high_tokens": "high_tokens", "basic_window_low_tokens": "low_tokens",
-                "context_max_units": "max_units", "context_previous_max_tokens": "previous_max_tokens"}
-WINDOW_KEYS = ("sliding_window_mode", *WINDOW_SIZES)
 MAX_QUEUED_APPENDS = 64  # appends waiting for the model: beyond, input_backpressure
-
-
-@dataclass(frozen=True)
-class NativeSettings:
-    """A native session's model-facing fields (fixed when it opens; only auto_response sessions)."""
-
-    force_listen_count: int
-    test_decisions: tuple[str, ...]
-    window: ContextWindow
+COMMIT_CONTINUATION_LIMIT = 8  # silence units a commit-driven response may be fed (docs/realtime-api.md §13.7)
 
 
 @dataclass
@@ -70,7 +57,8 @@ class _Append:
     samples: np.ndarray
     frames: list[bytes] = field(default_factory=list)
     force_listen: bool = False
-    kind: Literal["input", "commit", "silence", "last_silence"] = "input"  # commit: pad to the unit's end
+    kind: Literal["input", "commit", "silence", "last_silence", "answer"] = "input"  # commit: pad to the unit's end
+    answer: ResponseRun | None = None  # kind "answer": the response the model's next turn feeds
 
 
 class NativeDuplexSession(DuplexSession):
@@ -90,6 +78,7 @@ class NativeDuplexSession(DuplexSession):
         self._appends: asyncio.Queue[_Append | None] = asyncio.Queue()
         self._feeder: asyncio.Task | None = None
         self._speaking: ResponseRun | None = None  # the response the model's current turn feeds
+        self._voiced = False  # the model has begun speaking into it (response.speak sent)
         self._closing_turn = False  # after a barge-in: units listen until the model's turn has closed
         self._silence_timer: asyncio.TimerHandle | None = None
         self._silence_units = 0  # fed into the current response
@@ -106,6 +95,11 @@ class NativeDuplexSession(DuplexSession):
     def configure_opening(self, opening: dict[str, Any]) -> None:
         super().configure_opening(opening)
         self._model_opening = native_opening(opening, self.config.wants_audio, self._settings)
+        if not self._settings.auto_response:  # commit-driven: input and responses as a duplex session's
+            self._handlers["input_audio_buffer.append"] = self._append_held
+            self._handlers["input_audio_buffer.commit"] = self._commit_input
+            self._handlers["response.create"] = self._create_response
+            self.responses.feed_answer = self._answer
 
     def opened(self) -> None:
         """Open the model's stream: its context prefill runs first in the feeder, ahead of any input."""
@@ -157,9 +151,39 @@ class NativeDuplexSession(DuplexSession):
         self._cancel_silence()
         self._appends.put_nowait(_Append(samples, frames, bool(ev.force_listen)))
 
+    def _append_held(self, ev: ce.InputAudioBufferAppend) -> None:
+        """A commit-driven session's append: held for the turn; without server VAD, silence
+        while nothing is said is not kept (`response.listen` says so)."""
+        if ev.video_frames:
+            raise ProtocolError("invalid_input_modality", "frames need an auto_response session: they bind to the "
+                                "units the model hears as the audio arrives", "video_frames")
+        samples = self.input.decode(ev, self.config.input_format)
+        if self.responses.active is None and not self.input.detecting and not sounds_like_speech(ev, samples):
+            self._emit(self._listen("silence_or_noise"))
+            return
+        self._hold(ev, samples)
+
     def _server_commit(self, sealed: SealedTurn) -> None:
-        """Server VAD ends the user's turn in the history only: the model owns when it answers."""
-        self._commit(sealed)
+        """With auto_response server VAD ends the user's turn in the history only: the model owns
+        when it answers. A commit-driven session answers as its turn detection says."""
+        if self._settings.auto_response:
+            self._commit(sealed)
+        else:
+            super()._server_commit(sealed)
+
+    def _commit(self, sealed: SealedTurn, flags: tuple[str, ...] = ()) -> None:
+        """The user item keeps the turn's length, not its audio: the model has it. A commit-driven
+        session hands the turn to the model here, to hear (its units listen), not to answer."""
+        held, sealed.item.stream = sealed.item.stream, None
+        super()._commit(sealed, flags)
+        if not self._settings.auto_response and held is not None:
+            self._appends.put_nowait(_Append(held.close(), force_listen=True))
+            self._appends.put_nowait(_Append(np.zeros(0, np.float32), force_listen=True, kind="commit"))
+
+    def _answer(self, run: ResponseRun) -> None:
+        """A commit-driven response: once the model has heard what came before, it gets silence
+        units until it has spoken its turn (or the limit)."""
+        self._appends.put_nowait(_Append(np.zeros(0, np.float32), kind="answer", answer=run))
 
     def _commit_native(self, ev: ce.InputAudioBufferCommit) -> None:
         """The input so far becomes a user item (its audio is the model's: the item records how
@@ -205,7 +229,7 @@ class NativeDuplexSession(DuplexSession):
 
     def _model_turn_cancelled(self) -> None:
         """The response is gone; the model's next unit listens, which closes its turn."""
-        self._speaking = None
+        self._speaking, self._voiced = None, False
         self._closing_turn = True
         self._cancel_silence()
 
@@ -223,6 +247,11 @@ class NativeDuplexSession(DuplexSession):
             item = await self._appends.get()
             if item is None:
                 return
+            if item.kind == "answer":
+                if item.answer is self.responses.active:  # not cancelled meanwhile
+                    self._speaking, self._voiced, self._silence_units = item.answer, False, 0
+                    self._schedule_silence()
+                continue
             if item.kind == "commit":  # pad the residual to the unit's end
                 missing = self._stream.samples_to_boundary()
                 if missing == UNIT_SAMPLES:
@@ -231,13 +260,12 @@ class NativeDuplexSession(DuplexSession):
             try:
                 decisions = await self._stream.append(item.samples, frames=item.frames,
                                                       force_listen=item.force_listen or self._closing_turn)
-            except Exception as exc:
+                for decision in decisions:
+                    self._decided(decision, at_limit=item.kind == "last_silence")
+            except Exception as exc:  # the session goes on: the next input gets the next units
                 logger.exception("session %s: a unit failed", self.id)
                 self._emit(error_event(ProtocolError("engine_error", f"the model failed on this input "
                                                      f"({type(exc).__name__}: {exc})")))
-                continue
-            for decision in decisions:
-                self._decided(decision, at_limit=item.kind == "last_silence")
 
     def _decided(self, decision: UnitDecision, at_limit: bool) -> None:
         """One unit's decision on the wire (docs/realtime-api.md §13.7)."""
@@ -250,24 +278,32 @@ class NativeDuplexSession(DuplexSession):
         if not decision.spoke:
             if run is None:
                 self._emit(self._listen("model_listen"))
-                return
-            # a listen that closes the turn (forced, or the continuation limit): its last audio, then the end
-            self._speaking = None
-            self._deliver(run, decision)
-            self._emit(self._listen("continuation_limit" if at_limit else "forced_listen", run.id))
-            run.complete()
+            elif not self._voiced and not at_limit:  # an answer asked for that the model has not begun
+                self._emit(self._listen("model_listen", run.id))
+                self._schedule_silence()
+            else:  # a listen that closes the turn (forced, or the continuation limit): its last audio, then the end
+                self._end_turn(run, decision)
+                self._emit(self._listen("continuation_limit" if at_limit else "forced_listen", run.id))
+                run.complete()
             return
         if run is None:
             run = self._speaking = self.responses.begin_fed()
             self._silence_units = 0
+        if not self._voiced:
+            self._voiced = True
             self._emit(response_speak(session_id=self.id, epoch=self.responses.epoch, response_id=run.id,
                                       item_id=run.item.id))
-        self._deliver(run, decision)
         if decision.end_of_turn:
-            self._speaking = None
+            self._end_turn(run, decision)
             run.complete()
         else:
+            self._deliver(run, decision)
             self._schedule_silence()
+
+    def _end_turn(self, run: ResponseRun, decision: UnitDecision) -> None:
+        """The model's turn ends with this unit: its last words and audio go to the response."""
+        self._speaking, self._voiced = None, False
+        self._deliver(run, decision)
 
     def _deliver(self, run: ResponseRun, decision: UnitDecision) -> None:
         chunk = None
@@ -299,7 +335,10 @@ class NativeDuplexSession(DuplexSession):
         if self._speaking is None or not self._appends.empty():
             return
         self._silence_units += 1
-        last = self._silence_units >= self.options.native_duplex.continuation_limit_units
+        limit = self.options.native_duplex.continuation_limit_units
+        if not self._settings.auto_response:
+            limit = min(limit, COMMIT_CONTINUATION_LIMIT)
+        last = self._silence_units >= limit
         missing = self._stream.samples_to_boundary() if self._stream is not None else UNIT_SAMPLES
         self._appends.put_nowait(_Append(np.zeros(missing, np.float32), force_listen=last,
                                          kind="last_silence" if last else "silence"))
@@ -315,72 +354,3 @@ class NativeDuplexSession(DuplexSession):
         if self._stream is not None:
             await self._stream.close()
         await super().close()
-
-
-def native_settings(opening: dict[str, Any], options: SessionOptions) -> NativeSettings:
-    """The opening's model-facing `extra_body` fields, checked."""
-    extra = opening.get("extra_body") or {}
-    if not isinstance(extra, dict):
-        raise ProtocolError("invalid_session_config", "extra_body must be an object", "extra_body")
-    auto_response = extra.get("auto_response", True)
-    if auto_response is not True:
-        raise ProtocolError("invalid_session_config", "only auto_response sessions are served (the model hears "
-                            "the input unit by unit and decides when to speak)", "extra_body.auto_response")
-    count = extra.get("force_listen_count", 0)
-    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise ProtocolError("invalid_session_config", "force_listen_count must be a non-negative integer",
-                            "extra_body.force_listen_count")
-    script = extra.get("duplex_test_decisions")
-    if script is not None:
-        if not options.native_duplex.allow_test_decisions:
-            raise ProtocolError("invalid_session_config", "duplex_test_decisions is a test control this deploy "
-                                "does not enable", "extra_body.duplex_test_decisions")
-        if not isinstance(script, list) or any(step not in TEST_DECISIONS for step in script):
-            raise ProtocolError("invalid_session_config", f"duplex_test_decisions must be a list of "
-                                f"{', '.join(TEST_DECISIONS)}", "extra_body.duplex_test_decisions")
-    return NativeSettings(count, tuple(script or ()), context_window(extra))
-
-
-def context_window(extra: dict[str, Any]) -> ContextWindow:
-    """The `extra_body` window keys (docs/minicpmo.md, "Context windows"), checked."""
-    mode = extra.get("sliding_window_mode", DEFAULT_WINDOW.mode)
-    if mode not in get_args(WindowMode):
-        raise ProtocolError("invalid_sliding_window_config", f"sliding_window_mode must be one of "
-                            f"{', '.join(get_args(WindowMode))}", "extra_body.sliding_window_mode")
-    sizes = {}
-    for key, name in WINDOW_SIZES.items():
-        value = extra.get(key, getattr(DEFAULT_WINDOW, name))
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ProtocolError("invalid_sliding_window_config", f"{key} must be a positive integer",
-                                f"extra_body.{key}")
-        sizes[name] = value
-    if sizes["low_tokens"] >= sizes["high_tokens"]:
-        raise ProtocolError("invalid_sliding_window_config", "basic_window_low_tokens must be below "
-                            "basic_window_high_tokens", "extra_body.basic_window_low_tokens")
-    return ContextWindow(mode, **sizes)
-
-
-def native_opening(opening: dict[str, Any], wants_audio: bool, settings: NativeSettings) -> DuplexOpening:
-    """The model context's start: instructions and the voice prompt (required for audio output)."""
-    ref_audio = opening.get("ref_audio")
-    if ref_audio is None:
-        if wants_audio:
-            raise ProtocolError("ref_audio_required", "this model speaks in the voice of ref_audio: send it "
-                                "(a WAV data URL) when the session opens, or ask for text only", "ref_audio")
-        voice = None
-    else:
-        if not isinstance(ref_audio, str):
-            raise ProtocolError("invalid_session_config", "ref_audio must be a WAV data URL", "ref_audio")
-        try:
-            voice = decode_voice_prompt(ref_audio)
-        except ValueError as exc:
-            raise ProtocolError("invalid_session_config", str(exc), "ref_audio") from None
-    instructions = opening.get("instructions")
-    extra = opening.get("extra_body") or {}
-    user_text = opening.get("initial_user_text", extra.get("duplex_initial_user_text"))
-    if user_text is not None and not isinstance(user_text, str):
-        raise ProtocolError("invalid_session_config", "initial_user_text must be a string", "initial_user_text")
-    return DuplexOpening(instructions=instructions if isinstance(instructions, str) and instructions else None,
-                         initial_user_text=user_text or None, voice_prompt=voice, wants_audio=wants_audio,
-                         force_listen_count=settings.force_listen_count, test_decisions=settings.test_decisions,
-                         window=settings.window)

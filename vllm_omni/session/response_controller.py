@@ -47,6 +47,9 @@ class ResponseController:
         self.unanswered = False  # user input in the conversation that no response has answered yet
         self._spoke = False  # a finished response produced audio
         self._deferred = False  # a server-initiated response waits for the active one to end
+        # set by a session whose model answers unit by unit (a commit-driven natively duplex
+        # model): it feeds each response it is handed instead of the engine generating one
+        self.feed_answer: Callable[[ResponseRun], None] | None = None
 
     # Creating ---------------------------------------------------------------------------------
 
@@ -78,6 +81,10 @@ class ResponseController:
     def _start(self, options: ResponseOptions, context: list[Item] | None = None) -> None:
         """`context`: the items the response answers instead of the conversation."""
         run, previous = self._new_run(options, context)
+        if self.feed_answer is not None:
+            run.open(previous)
+            self.feed_answer(run)
+            return
         messages = prompt_messages(options.instructions, self.conversation.items if context is None else context)
         request = OmniRequest(messages, request_id=f"{run.session_id}-{run.id}", speaker=options.speaker,
                               modalities=tuple(options.modalities),
