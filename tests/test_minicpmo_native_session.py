@@ -282,6 +282,30 @@ def speech_pcm(units: int) -> bytes:
     return fixture_pcm("speech_en_long.wav")[32 * 200: 32 * (200 + unit_boundary_ms(units - 1))]
 
 
+async def test_a_turn_the_model_closes_without_a_word_says_so(server) -> None:
+    url, _ = server
+    client = await open_session(url, duplex_initial_user_text="hi", duplex_test_decisions=["speak"] * 3)
+    appends = append_events(silence_pcm(unit_boundary_ms(1)), chunk_ms=200)
+    await client.send_all([{**event, "force_listen": True} for event in appends])  # the open turn closes unanswered
+    events = await decisions(client, 2)
+    assert [e["response"]["metadata"]["reason"] for e in events if e["type"] == "response.listen"] == [
+        "model_turn_completed_without_output", "model_listen"]
+    await client.close_session()
+
+
+async def test_server_vad_keeps_the_model_listening_while_the_user_speaks(server) -> None:
+    url, _ = server
+    client = await open_session(url, turn_detection={"type": "server_vad"}, duplex_test_decisions=["speak"] * 12)
+    await client.send_all(append_events(fixture_pcm("speech_en_single.wav", trailing_silence_s=2.0), chunk_ms=200))
+    events = await client.until("response.speak")
+    kinds = [e["type"] for e in events]
+    assert kinds.index("input_audio_buffer.speech_started") < kinds.index("input_audio_buffer.speech_stopped") < \
+        kinds.index("response.speak")
+    assert kinds.count("response.listen") >= 3  # the units heard during the speech (3.2 s of it)
+    assert "input_audio_buffer.committed" in kinds  # VAD ends the user's item; the model chose when to answer
+    await client.close_session()
+
+
 async def test_a_commit_driven_session_hears_each_turn_at_commit_and_answers_when_asked(server) -> None:
     url, _ = server
     client = await open_session(url, auto_response=False,

@@ -144,12 +144,14 @@ class NativeDuplexSession(DuplexSession):
                                                                           "buffer_audio": True}))
             if decision.action == "barge_in":
                 self._barge_in("barge_in")
+        force_listen = bool(ev.force_listen)
         if self.input.detecting:  # server VAD needs the samples (it keeps only what a turn can need)
             self.input.take(ev, samples)
+            force_listen = force_listen or self.input.segment_item is not None  # the user speaks: the model listens
         else:
             self._uncommitted += samples.size
         self._cancel_silence()
-        self._appends.put_nowait(_Append(samples, frames, bool(ev.force_listen)))
+        self._appends.put_nowait(_Append(samples, frames, force_listen))
 
     def _append_held(self, ev: ce.InputAudioBufferAppend) -> None:
         """A commit-driven session's append: held for the turn; without server VAD, silence
@@ -276,8 +278,9 @@ class NativeDuplexSession(DuplexSession):
             return
         run = self._speaking
         if not decision.spoke:
-            if run is None:
-                self._emit(self._listen("model_listen"))
+            if run is None:  # a turn that closes here never said anything
+                self._emit(self._listen("model_turn_completed_without_output" if decision.end_of_turn
+                                        else "model_listen"))
             elif not self._voiced and not at_limit:  # an answer asked for that the model has not begun
                 self._emit(self._listen("model_listen", run.id))
                 self._schedule_silence()
