@@ -278,7 +278,7 @@ class NativeDuplexSession(DuplexSession):
             return
         run = self._speaking
         if not decision.spoke:
-            if run is None:  # a turn that closes here never said anything
+            if run is None:  # a listen; with end_of_turn, of a model turn that never said anything
                 self._emit(self._listen("model_turn_completed_without_output" if decision.end_of_turn
                                         else "model_listen"))
             elif not self._voiced and not at_limit:  # an answer asked for that the model has not begun

@@ -19,7 +19,7 @@ WINDOW_KEYS = ("sliding_window_mode", *WINDOW_SIZES)
 
 @dataclass(frozen=True)
 class NativeSettings:
-    """A native session's model-facing fields (fixed when it opens; only auto_response sessions)."""
+    """A native session's model-facing fields (fixed when it opens)."""
 
     auto_response: bool  # the model hears the input as it arrives (else: at each commit)
     force_listen_count: int
