@@ -29,6 +29,10 @@ class Prompt(Protocol):
     def image_tokens(self) -> int:
         """Positions of the prompt that hold image embeddings (part of its length)."""
 
+    @property
+    def audio_tokens(self) -> int:
+        """Positions of the prompt that hold audio embeddings (part of its length)."""
+
 
 class ToolCallParser(Protocol):
     def feed(self, token_id: int) -> tuple[bool, ToolCall | None]:

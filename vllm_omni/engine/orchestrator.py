@@ -38,6 +38,7 @@ from vllm_omni.engine.prompting import render_conversation
 from vllm_omni.engine.request import (
     AudioChunk,
     AudioInputStream,
+    EngineBusyError,
     EngineOutput,
     FinishReason,
     OmniRequest,
@@ -50,6 +51,7 @@ from vllm_omni.engine.request import (
 )
 from vllm_omni.engine.stage_api import AsyncStageDriver, AudioSamples, StageDone, StageOutput, TextToken
 from vllm_omni.engine.stage_timing import StageTimer
+from vllm_omni.engine.stop_strings import StopStrings, checked_stop_strings
 from vllm_omni.engine.tools import offered_tools
 
 logger = logging.getLogger(__name__)
@@ -68,8 +70,11 @@ class _Record:
     detokenizer: IncrementalDetokenizer
     prompt_tokens: int
     image_tokens: int  # of prompt_tokens
+    input_audio_tokens: int  # of prompt_tokens
     tool_parser: ToolCallParser | None = None  # when the request offers tools
     tool_calls: list[ToolCall] = field(default_factory=list)
+    stops: StopStrings[object] | None = None  # holds the text stage's events when the request has stop strings
+    text_stopped: bool = False  # a stop string ended the text stage: its later events are ignored
     timer: StageTimer = field(default_factory=StageTimer)
     finish_reason: FinishReason = FinishReason.STOP
     audio_samples: int = 0
@@ -180,9 +185,11 @@ class OmniEngine:
     def _stage_sampling(self, request: OmniRequest, role: str) -> SamplingParams:
         defaults = self.deploy.stage_by_role(role).default_sampling_params
         overrides = request.sampling.get(role, {})
+        generic = {"seed": request.seed if defaults.seed is None else None}
         if role == self.family.text_role:
-            generic = {"max_tokens": request.max_output_tokens, "temperature": request.temperature}
-            overrides = {**{k: v for k, v in generic.items() if v is not None}, **overrides}
+            generic |= {"max_tokens": request.max_output_tokens, "temperature": request.temperature,
+                        "top_p": request.top_p}
+        overrides = {**{k: v for k, v in generic.items() if v is not None}, **overrides}
         try:
             return SamplingParams.model_validate({**defaults.model_dump(), **overrides})
         except ValidationError as exc:
@@ -206,17 +213,19 @@ class OmniEngine:
                 self.family.check_speaker(speaker)
             except ValueError as exc:
                 raise RequestError(f"speaker: {exc}") from None
+        stops = checked_stop_strings(request.stop)
         tools, forced = offered_tools(request)
         prompt = render_conversation(self.family, request.messages, tools, call_tool=forced is not None)
         with self._lock:
             if request.request_id in self._records:
                 raise RequestError(f"request_id {request.request_id!r} is already running")
             if len(self._records) >= self.max_requests:
-                raise RequestError(f"engine is at capacity ({self.max_requests} requests); retry later")
+                raise EngineBusyError(f"engine is at capacity ({self.max_requests} requests); retry later")
             route, messages = self.family.start(request.request_id, prompt, sampling, speaker, wants_audio, forced)
             record = _Record(request=request, loop=asyncio.get_running_loop(), queue=asyncio.Queue(),
                              route=route, detokenizer=IncrementalDetokenizer(self.family.tokenizer),
                              prompt_tokens=len(prompt), image_tokens=prompt.image_tokens,
+                             input_audio_tokens=prompt.audio_tokens, stops=StopStrings(stops) if stops else None,
                              tool_parser=self.family.tool_call_parser(forced is not None) if tools else None)
             self._records[request.request_id] = record
             self._submit(request.request_id, None, messages)
@@ -242,32 +251,55 @@ class OmniEngine:
     def _on_event(self, role: str, request_id: str, event: object) -> None:
         with self._lock:
             record = self._records.get(request_id)
-            if record is None or record.finished:
+            if record is None or record.finished or (record.text_stopped and role == self.family.text_role):
                 return
             if isinstance(event, StageOutput):
                 since_arrival = record.timer.record(role)
+            if record.stops is not None and role == self.family.text_role:
+                self._on_text_event_held(record, record.stops, role, event)
+                return
             if isinstance(event, TextToken):
-                self._on_token(record, event.token_id)
+                self._push_text(record, *self._on_token(record, event.token_id))
             elif isinstance(event, AudioSamples):
                 self._push_audio(record, event, since_arrival)
-            elif isinstance(event, StageDone) and role == self.family.text_role:
-                record.finish_reason = FinishReason(event.reason)
-                if record.tool_parser is not None:
-                    self._push_tool_call(record, record.tool_parser.finish())
-            self._submit(request_id, role, self.family.route(record.route, role, event))
-            if isinstance(event, StageDone) and role == self.family.final_role(record.route):
-                self._finish_locked(record, record.finish_reason)
+            self._route(record, role, event)
 
-    def _on_token(self, record: _Record, token_id: int) -> None:
-        """A text-stage token: answer text (detokenised and streamed) or part of a tool call."""
+    def _route(self, record: _Record, role: str, event: object) -> None:
+        if isinstance(event, StageDone) and role == self.family.text_role:
+            record.finish_reason = FinishReason(event.reason)
+            if record.tool_parser is not None:
+                self._push_tool_call(record, record.tool_parser.finish())
+        self._submit(record.request.request_id, role, self.family.route(record.route, role, event))
+        if isinstance(event, StageDone) and role == self.family.final_role(record.route):
+            self._finish_locked(record, record.finish_reason)
+
+    def _on_text_event_held(self, record: _Record, stops: StopStrings[object], role: str, event: object) -> None:
+        """A text-stage event of a request with stop strings: routed (and its text streamed) only
+        once no stop string can include it; a stop string ends the text stage as a "stop" would."""
+        released = stops.flush() if isinstance(event, StageDone) else stops.add(
+            *(self._on_token(record, event.token_id) if isinstance(event, TextToken) else ("", ())), event)
+        self._push_text(record, released.text, released.token_ids)
+        for item in released.items:
+            self._route(record, role, item)
+        if released.stopped:
+            record.text_stopped = True
+            self.workers[role].drop(record.request.request_id)
+            event = StageDone("stop", len(record.timer.stamps.get(role, ())))
+        if isinstance(event, StageDone):
+            self._route(record, role, event)
+
+    def _on_token(self, record: _Record, token_id: int) -> tuple[str, tuple[int, ...]]:
+        """A text-stage token's answer text and the tokens it comes from ("" if it writes a tool call)."""
         if record.tool_parser is not None:
             is_text, call = record.tool_parser.feed(token_id)
             self._push_tool_call(record, call)
             if not is_text:
-                return
-        delta, token_ids = record.detokenizer.add(token_id)
-        if delta:
-            self._push(record, TextDelta(record.request.request_id, delta, token_ids))
+                return "", ()
+        return record.detokenizer.add(token_id)
+
+    def _push_text(self, record: _Record, text: str, token_ids: tuple[int, ...]) -> None:
+        if text:
+            self._push(record, TextDelta(record.request.request_id, text, token_ids))
 
     def _push_tool_call(self, record: _Record, call: ToolCall | None) -> None:
         if call is not None:
@@ -339,12 +371,14 @@ class OmniEngine:
         if text_role in metrics:
             metrics[text_role] = replace(metrics[text_role], finish_reason=reason)
         usage = Usage(prompt_tokens=record.prompt_tokens, image_tokens=record.image_tokens,
+                      input_audio_tokens=record.input_audio_tokens,
                       # text tokens include those writing tool calls
                       text_tokens=metrics[text_role].outputs if text_role in metrics else 0,
                       audio_tokens=metrics[audio_role].outputs if audio_role in metrics else 0)
+        answer = record.detokenizer if record.stops is None else record.stops  # held text was never streamed
         self._push(record, RequestFinished(
-            request_id=request_id, finish_reason=reason, text=record.detokenizer.text,
-            token_ids=tuple(record.detokenizer.token_ids), usage=usage,
+            request_id=request_id, finish_reason=reason, text=answer.text, token_ids=tuple(answer.token_ids),
+            usage=usage,
             audio_duration_s=record.audio_samples / record.sample_rate if record.sample_rate else 0.0,
             time_to_first_audio_s=record.first_audio_s, stage_metrics=metrics, error=error,
             error_code=error_code, tool_calls=tuple(record.tool_calls)))

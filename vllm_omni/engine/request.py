@@ -17,6 +17,13 @@ class RequestError(ValueError):
     """A request the engine cannot take; the message names what is wrong. Nothing else is affected."""
 
 
+class EngineBusyError(RequestError):
+    """Refused because the engine already runs as many requests as it queues; retrying later
+    may succeed."""
+
+    code = "engine_busy"
+
+
 class StageUnavailableError(RequestError):
     """Refused because a stage's worker or engine is dead (or restarting); the message names
     the stage. Retrying later may succeed if the stage restarts."""
@@ -99,6 +106,11 @@ class OmniRequest:
     # Limits of the text answer, applied to the stage that writes it (whichever role that is).
     max_output_tokens: int | None = None
     temperature: float | None = None
+    top_p: float | None = None
+    # Text that ends the answer where it first appears: neither the text nor the speech
+    # includes it (engine/stop_strings.py).
+    stop: tuple[str, ...] = ()
+    seed: int | None = None  # of every stage's sampling (each stage gets it unless it sets its own)
     # Per-stage sampling overrides by role as the deploy config names them; these win.
     sampling: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Functions the model may call: {"name", "description", "parameters" (JSON schema)} each.
@@ -147,6 +159,7 @@ class StageMetrics:
 class Usage:
     prompt_tokens: int = 0
     image_tokens: int = 0  # prompt positions holding images (of prompt_tokens)
+    input_audio_tokens: int = 0  # prompt positions holding audio (of prompt_tokens)
     text_tokens: int = 0  # generated text tokens
     audio_tokens: int = 0  # generated audio tokens (codec frames), 0 for a text-only answer
 

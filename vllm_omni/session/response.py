@@ -274,12 +274,12 @@ class ResponseRun:
             self._emit(item_done(previous_item_id=self.previous_item_id, item=item))
         usage = None
         if final is not None:
-            text_tokens, audio_tokens, prompt, images = final.usage.text_tokens, final.usage.audio_tokens, \
-                final.usage.prompt_tokens, final.usage.image_tokens
+            text_tokens, audio_tokens, prompt, images, heard = final.usage.text_tokens, final.usage.audio_tokens, \
+                final.usage.prompt_tokens, final.usage.image_tokens, final.usage.input_audio_tokens
             usage = {"total_tokens": prompt + text_tokens + audio_tokens, "input_tokens": prompt,
                      "output_tokens": text_tokens + audio_tokens,
-                     "input_token_details": {"text_tokens": prompt - images, "audio_tokens": 0, "image_tokens": images,
-                                             "cached_tokens": 0},
+                     "input_token_details": {"text_tokens": prompt - images - heard, "audio_tokens": heard,
+                                             "image_tokens": images, "cached_tokens": 0},
                      "output_token_details": {"text_tokens": text_tokens, "audio_tokens": audio_tokens}}
         output = [item, *(call.to_wire() for call in self.calls)]
         self._emit(response_done(response=self._response(status, status_details=details, output=output, usage=usage,

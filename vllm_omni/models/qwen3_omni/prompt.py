@@ -19,6 +19,7 @@ class ThinkerPrompt:
     input_ids: list[int]
     audio_features: list[torch.Tensor]  # one [128, frames] tensor per audio placeholder, in order
     images: list[ThinkerImage] = field(default_factory=list)  # one per image placeholder, in order
+    audio_tokens: int = 0  # positions holding audio embeddings (of the prompt's length)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -70,9 +71,11 @@ def render_prompt(
             raise ValueError(f"prompt has {ids.count(pad)} {name} placeholders but {len(inputs)} {name} inputs")
     # Each placeholder becomes as many pads as the encoder has outputs for its item (as the
     # checkpoint's processor expands them).
-    sizes = {audio_pad: iter([audio_token_count(f.shape[-1], thinker.audio_config.n_window) for f in audio_features]),
+    audio_sizes = [audio_token_count(f.shape[-1], thinker.audio_config.n_window) for f in audio_features]
+    sizes = {audio_pad: iter(audio_sizes),
              image_pad: iter([image.num_tokens for image in images])}
     expanded: list[int] = []
     for token in ids:
         expanded += [token] * next(sizes[token]) if token in sizes else [token]
-    return ThinkerPrompt(input_ids=expanded, audio_features=list(audio_features), images=list(images))
+    return ThinkerPrompt(input_ids=expanded, audio_features=list(audio_features), images=list(images),
+                         audio_tokens=sum(audio_sizes))
