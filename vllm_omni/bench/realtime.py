@@ -8,14 +8,37 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vllm_omni.bench.report import pyplot, write_json
+from vllm_omni.bench.report import pyplot, run_levels, write_json
 from vllm_omni.client.barge_in import CANCELLED, run_barge_in_session
 from vllm_omni.client.timing import summarize
 from vllm_omni.client.turns import SessionResult, run_session
+
+
+async def timed_gather(runs: Sequence[Awaitable[Any]]) -> tuple[list[Any], float]:
+    """The runs' results (or exceptions), run concurrently, and their wall time in seconds."""
+    started = time.monotonic()
+    outcomes = await asyncio.gather(*runs, return_exceptions=True)
+    return outcomes, time.monotonic() - started
+
+
+def level_row(sessions: int, turns: int, wall_s: float, metrics: Sequence[dict[str, Any]], *, completed: int,
+              failures: Sequence[BaseException], error_events: int = 0, lost_audio_turns: int = 0,
+              rtf: Iterable[Any] | None = None) -> dict[str, Any]:
+    """One concurrency level's row: `sessions` of `turns` turns each, `metrics` those of the
+    turns of the sessions that finished; `rtf` the RTFs that count (default: every turn's)."""
+    return {
+        "sessions": sessions, "turns": sessions * turns, "completed_turns": completed, "wall_s": round(wall_s, 3),
+        "failed_sessions": len(failures), "lost_audio_turns": lost_audio_turns, "error_events": error_events,
+        "failures": [f"{type(f).__name__}: {f}" for f in failures],
+        "audio_s_per_wall_s": round(sum(m["audio_duration_ms"] for m in metrics) / 1000 / wall_s, 3),
+        "ttft_ms": summarize(m["ttft_ms"] for m in metrics),
+        "ttfp_ms": summarize(m["ttfp_ms"] for m in metrics),
+        "rtf": summarize(rtf if rtf is not None else (m["rtf"] for m in metrics)),
+    }
 
 
 async def run_level(url: str, pcm: bytes, sessions: int, turns: int, *, model: str | None = None,
@@ -30,27 +53,19 @@ async def run_level(url: str, pcm: bytes, sessions: int, turns: int, *, model: s
     else:
         runs = [run_session(url, pcm, turns=turns, model=model, server_vad=server_vad, transcribe=transcribe,
                             duplex=duplex) for _ in range(sessions)]
-    started = time.monotonic()
-    outcomes = await asyncio.gather(*runs, return_exceptions=True)
-    wall_s = time.monotonic() - started
+    outcomes, wall_s = await timed_gather(runs)
     finished = [o for o in outcomes if isinstance(o, SessionResult)]
     results = [t for result in finished for t in result.turns]
-    turn_metrics = [t.metrics for t in results]
-    completed = sum(1 for t in results if t.response is not None and t.response.status == "completed")
-    # Audio the client decoded must add up to the server's final cumulative duration.
-    lost = sum(1 for t in results if t.response is not None
-               and abs(t.response.audio_ms - t.metrics["audio_duration_ms"]) > 1)
-    row = {
-        "sessions": sessions, "turns": sessions * turns, "completed_turns": completed, "wall_s": round(wall_s, 3),
-        "failed_sessions": len(outcomes) - len(finished), "lost_audio_turns": lost,
-        "error_events": sum(len(result.errors) for result in finished),
-        "failures": [f"{type(o).__name__}: {o}" for o in outcomes if not isinstance(o, SessionResult)],
-        "audio_s_per_wall_s": round(sum(m["audio_duration_ms"] for m in turn_metrics) / 1000 / wall_s, 3),
-        "ttft_ms": summarize(m["ttft_ms"] for m in turn_metrics),
-        "ttfp_ms": summarize(m["ttfp_ms"] for m in turn_metrics),
+    row = level_row(
+        sessions, turns, wall_s, [t.metrics for t in results],
+        completed=sum(1 for t in results if t.response is not None and t.response.status == "completed"),
+        failures=[o for o in outcomes if not isinstance(o, SessionResult)],
+        error_events=sum(len(result.errors) for result in finished),
+        # Audio the client decoded must add up to the server's final cumulative duration.
+        lost_audio_turns=sum(1 for t in results if t.response is not None
+                             and abs(t.response.audio_ms - t.metrics["audio_duration_ms"]) > 1),
         # A cancelled answer's generation was cut short: its RTF says nothing.
-        "rtf": summarize(t.metrics["rtf"] for t in results if t.response is None or t.response.status != CANCELLED),
-    }
+        rtf=[t.metrics["rtf"] for t in results if t.response is None or t.response.status != CANCELLED])
     if duplex or interruption is not None:
         row.update({
             "responses": len(results),
@@ -68,10 +83,10 @@ def run_benchmark(targets: dict[str, str], levels: Sequence[int], pcm: bytes, tu
     """For each target (name → URL), each concurrency level in turn; the `transcribed` targets'
     sessions ask for input transcription, the `duplex` ones use the duplex lane (and, with
     `interruption`, barge in on every answer)."""
-    return {name: [asyncio.run(run_level(url, pcm, sessions, turns, model=model, server_vad=server_vad,
-                                         transcribe=name in transcribed, duplex=name in duplex,
-                                         interruption=interruption if name in duplex else None))
-                   for sessions in levels] for name, url in targets.items()}
+    return {name: run_levels(name, levels, lambda sessions, name=name, url=url: asyncio.run(run_level(
+        url, pcm, sessions, turns, model=model, server_vad=server_vad, transcribe=name in transcribed,
+        duplex=name in duplex, interruption=interruption if name in duplex else None)))
+        for name, url in targets.items()}
 
 
 def format_table(results: dict[str, list[dict[str, Any]]]) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,3 +25,16 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def run_levels(name: str, levels: Sequence[int], run_level: Callable[[int], dict[str, Any]]) -> list[dict[str, Any]]:
+    """`run_level(sessions)` for each level in turn, saying on stderr what runs and how it went
+    (a level can take minutes)."""
+    rows = []
+    for sessions in levels:
+        print(f"{name}: {sessions} concurrent session(s)…", file=sys.stderr, flush=True)
+        row = run_level(sessions)
+        print(f"{name}: {sessions} session(s): {row['completed_turns']}/{row['turns']} turns completed in "
+              f"{row['wall_s']:.1f} s", file=sys.stderr, flush=True)
+        rows.append(row)
+    return rows

@@ -1,4 +1,5 @@
-"""`vllm-omni bench realtime`: our server and a transformers baseline under the same load."""
+"""`vllm-omni bench realtime`: our server and a transformers baseline under the same load, over the
+realtime WebSocket or (`--endpoint chat`) streamed HTTP chat completions."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     realtime.add_argument("--wav", required=True, help="the spoken question: 16 kHz mono 16-bit PCM WAV")
     realtime.add_argument("--out-dir", required=True, help="where results.json and the plot go")
     realtime.add_argument("--model", help="model name to ask for (default: the server's)")
+    realtime.add_argument("--endpoint", choices=ENDPOINTS, default="realtime",
+                          help="realtime: WebSocket sessions (default); chat: each session a conversation of "
+                               "streamed POST /v1/chat/completions requests (OpenAI audio output)")
     realtime.add_argument("--server-vad", action="store_true", help="server-side turn detection instead of commits")
     realtime.add_argument("--duplex", action="store_true",
                           help="drive --url's sessions over the duplex lane (a session_mode: duplex server)")
@@ -56,6 +60,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     turns.set_defaults(run=run_turn_detection_bench)
 
 
+ENDPOINTS = ("realtime", "chat")
+REALTIME_ONLY = ("server_vad", "duplex", "barge_in", "barge_in_wav", "compare_transcription")
 TRANSCRIBED_TARGET = "vllm-omni+transcribe"
 DEFAULT_TURN_SETTINGS = ("server_vad", "semantic_vad:high", "semantic_vad:medium", "semantic_vad:low")
 
@@ -70,22 +76,33 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
+def _check_endpoint(args: argparse.Namespace) -> None:
+    """The chat endpoint has no turn detection, duplex lane or input transcription."""
+    given = [f"--{name.replace('_', '-')}" for name in REALTIME_ONLY if getattr(args, name)]
+    if args.endpoint == "chat" and given:
+        raise ValueError(f"{', '.join(given)}: realtime endpoint only, not with --endpoint chat")
+
+
 def run_realtime_bench(args: argparse.Namespace) -> int:
+    from vllm_omni.bench import chat
     from vllm_omni.bench.realtime import format_table, run_benchmark, write_results
-    from vllm_omni.client.url import realtime_url
+    from vllm_omni.client.url import chat_base_url, realtime_url
     from vllm_omni.client.wav import WavError, read_pcm16
 
+    over_chat = args.endpoint == "chat"
+    address = chat_base_url if over_chat else realtime_url
     try:
+        _check_endpoint(args)
         levels = _levels(args.sessions)
         pcm = read_pcm16(args.wav)
         interruption = read_pcm16(args.barge_in_wav or args.wav) if args.barge_in else None
-        targets = {"vllm-omni": realtime_url(args.url, model=args.model)}
+        targets = {"vllm-omni": chat_base_url(args.url) if over_chat else realtime_url(args.url, model=args.model)}
         transcribed = {TRANSCRIBED_TARGET} if args.compare_transcription else set()
         if transcribed:
             targets[TRANSCRIBED_TARGET] = targets["vllm-omni"]
         duplex = set(targets) if args.duplex or args.barge_in else set()  # the --url targets, not the baseline
         if args.baseline_url:
-            targets["baseline"] = realtime_url(args.baseline_url)
+            targets["baseline"] = address(args.baseline_url)
         if args.baseline_model and not Path(args.baseline_model).is_dir():
             raise ValueError(f"--baseline-model: no checkpoint folder at {args.baseline_model}")
         if args.turns < 1:
@@ -98,13 +115,17 @@ def run_realtime_bench(args: argparse.Namespace) -> int:
             from vllm_omni.bench.baseline_server import BaselineSettings, running_baseline
 
             settings = BaselineSettings(args.baseline_thinker_tokens, args.baseline_talker_tokens)
-            targets["baseline"] = stack.enter_context(running_baseline(args.baseline_model, settings))
-        results = run_benchmark(targets, levels, pcm, args.turns, model=args.model, server_vad=args.server_vad,
-                                transcribed=transcribed, duplex=duplex, interruption=interruption)
-    settings = {"targets": targets, "levels": levels, "turns": args.turns, "wav": args.wav,
-                "server_vad": args.server_vad or args.barge_in, "transcribed_targets": sorted(transcribed),
-                "duplex_targets": sorted(duplex),
-                "barge_in_wav": (args.barge_in_wav or args.wav) if args.barge_in else None, "paced": "real time",
+            targets["baseline"] = address(stack.enter_context(running_baseline(args.baseline_model, settings)))
+        if over_chat:
+            results = chat.run_benchmark(targets, levels, pcm, args.turns, model=args.model)
+        else:
+            results = run_benchmark(targets, levels, pcm, args.turns, model=args.model, server_vad=args.server_vad,
+                                    transcribed=transcribed, duplex=duplex, interruption=interruption)
+    settings = {"endpoint": args.endpoint, "targets": targets, "levels": levels, "turns": args.turns,
+                "wav": args.wav, "server_vad": args.server_vad or args.barge_in,
+                "transcribed_targets": sorted(transcribed), "duplex_targets": sorted(duplex),
+                "barge_in_wav": (args.barge_in_wav or args.wav) if args.barge_in else None,
+                "paced": "whole question per request" if over_chat else "real time",
                 "baseline": {"model": args.baseline_model, "thinker_max_new_tokens": args.baseline_thinker_tokens,
                              "talker_max_new_tokens": args.baseline_talker_tokens}}
     written = write_results(results, settings, Path(args.out_dir))

@@ -1,7 +1,9 @@
 """`vllm-omni client --url URL --wav in.wav --out out.wav [--duplex [--native --ref-audio voice.wav]]
 [--image PATH]`: speak a WAV file to a realtime server (GA lane, or the duplex lane of
 docs/realtime-api.md §13; `--native` for a model that decides its own turns, §13.7), save the
-spoken answers, print transcripts and timing."""
+spoken answers, print transcripts and timing. With `--chat [--text T] [--voice V]`, ask the same
+over HTTP instead: streamed `POST /v1/chat/completions` with audio output, as OpenAI's SDK does,
+each turn carrying the earlier questions and (by audio id) answers."""
 
 from __future__ import annotations
 
@@ -29,7 +31,20 @@ def register(commands: argparse._SubParsersAction) -> None:
     client.add_argument("--ref-audio", help="with --native: the voice to speak in (16 kHz mono 16-bit WAV); "
                                             "without it the answers are text only")
     client.add_argument("--image", help="an image (PNG, JPEG) to show the model before the audio, as a user message")
+    client.add_argument("--chat", action="store_true",
+                        help="ask over HTTP: streamed POST /v1/chat/completions (OpenAI audio output)")
+    client.add_argument("--text", help="with --chat: text sent with the spoken question")
+    client.add_argument("--voice", help="with --chat: the voice to answer in (default Ethan)")
+    client.add_argument("--max-tokens", type=int, help="with --chat: max_completion_tokens of each answer")
     client.set_defaults(run=run_client)
+
+
+CHAT_ONLY = ("text", "voice", "max_tokens")
+REALTIME_ONLY = ("server_vad", "duplex", "native", "ref_audio")
+
+
+def _given(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
+    return [f"--{name.replace('_', '-')}" for name in names if getattr(args, name) not in (None, False)]
 
 
 def format_turns(metrics: list[dict]) -> list[str]:
@@ -43,12 +58,30 @@ def format_turns(metrics: list[dict]) -> list[str]:
     return lines
 
 
+def report(metrics: list[dict], summary: dict, audio: bytes, rate: int, out: str) -> None:
+    """The timing table, the means over turns with audio (`session_summary`), and the answers'
+    audio written to `out`."""
+    from vllm_omni.client.wav import write_pcm16
+
+    print()
+    print("\n".join(format_turns(metrics)))
+    print(f"\nmean over {summary['audio_turn_count']} turns with audio: TTFT {summary['mean_ttft_ms']} ms, "
+          f"TTFP {summary['mean_ttfp_ms']} ms, RTF {summary['mean_rtf']}")
+    write_pcm16(out, audio, rate)
+    print(f"wrote {out} ({len(audio) / (2 * rate):.2f} s at {rate} Hz)")
+
+
 def run_client(args: argparse.Namespace) -> int:
     from vllm_omni.client.images import image_data_url
     from vllm_omni.client.turns import run_session
     from vllm_omni.client.url import realtime_url
-    from vllm_omni.client.wav import WavError, read_pcm16, write_pcm16
+    from vllm_omni.client.wav import WavError, read_pcm16
 
+    if args.chat:
+        return run_chat_client(args)
+    if _given(args, CHAT_ONLY):
+        print(f"error: {', '.join(_given(args, CHAT_ONLY))}: only with --chat", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.native or args.ref_audio:
         return run_native_client(args)
     try:
@@ -77,16 +110,47 @@ def run_client(args: argparse.Namespace) -> int:
         print(f"turn {number}: {transcript.strip()}")
     for error in result.errors:
         print(f"server error: {error.get('error', error)}", file=sys.stderr)
-    print()
-    print("\n".join(format_turns([t.metrics for t in result.turns])))
-    summary = result.summary
-    print(f"\nmean over {summary['audio_turn_count']} turns with audio: TTFT {summary['mean_ttft_ms']} ms, "
-          f"TTFP {summary['mean_ttfp_ms']} ms, RTF {summary['mean_rtf']}")
     rate = next((t.response.sample_rate for t in result.turns if t.response is not None), 24000)
-    write_pcm16(args.out, result.audio, rate)
-    print(f"wrote {args.out} ({len(result.audio) / (2 * rate):.2f} s at {rate} Hz)")
+    report([t.metrics for t in result.turns], result.summary, result.audio, rate, args.out)
     return 0 if not result.errors and all(t.response and t.response.status == "completed" for t in result.turns) \
         else EXIT_FAILED
+
+
+def run_chat_client(args: argparse.Namespace) -> int:
+    from vllm_omni.client.chat import DEFAULT_VOICE, OUTPUT_RATE, run_chat
+    from vllm_omni.client.images import image_data_url
+    from vllm_omni.client.timing import session_summary
+    from vllm_omni.client.url import chat_base_url
+    from vllm_omni.client.wav import WavError, read_pcm16
+
+    try:
+        if _given(args, REALTIME_ONLY):
+            raise ValueError(f"{', '.join(_given(args, REALTIME_ONLY))}: realtime only, not with --chat")
+        if args.turns < 1:
+            raise ValueError(f"--turns must be at least 1, got {args.turns}")
+        if args.max_tokens is not None and args.max_tokens < 1:
+            raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+        base = chat_base_url(args.url)
+        pcm = read_pcm16(args.wav)
+        image = image_data_url(args.image) if args.image is not None else None
+    except (WavError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        answers = asyncio.run(run_chat(base, pcm, turns=args.turns, text=args.text, image_url=image,
+                                       model=args.model, voice=args.voice or DEFAULT_VOICE, api_key=args.api_key,
+                                       max_tokens=args.max_tokens))
+    except Exception as exc:  # unreachable, HTTP error status, broken stream: one line, no traceback
+        print(f"error: {base}: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_FAILED
+    for number, answer in enumerate(answers, 1):
+        print(f"turn {number}: {answer.transcript.strip()}")
+    metrics = [answer.metrics for answer in answers]
+    report(metrics, session_summary(metrics), b"".join(answer.pcm for answer in answers), OUTPUT_RATE, args.out)
+    unfinished = [number for number, answer in enumerate(answers, 1) if answer.finish_reason is None]
+    if unfinished:
+        print(f"error: turns {unfinished}: the stream ended without a finish_reason", file=sys.stderr)
+    return EXIT_FAILED if unfinished else 0
 
 
 def run_native_client(args: argparse.Namespace) -> int:
