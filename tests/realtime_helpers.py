@@ -40,10 +40,27 @@ def running_server(checkpoint, overrides: dict[str, Any], **settings: Any):
         yield served
 
 
+class Borrowed:
+    """An engine served for a while and handed back: the server's shutdown leaves it running
+    (for engines shared by several test modules)."""
+
+    def __init__(self, engine: OmniEngine):
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def shutdown(self) -> None:
+        pass
+
+
 @contextmanager
-def serving(engine: OmniEngine | NativeDuplexEngine, model_name: str = MODEL_NAME, **settings: Any):
-    """Serve an existing engine on a free port; yield (ws URL, engine, app)."""
-    app = create_app(engine, ServerSettings(served_model_names=[model_name], **settings))
+def serving(engine: OmniEngine | NativeDuplexEngine, model_name: str = MODEL_NAME, *, borrowed: bool = False,
+            **settings: Any):
+    """Serve an existing engine on a free port; yield (ws URL, engine, app). The server shuts
+    the engine down when it stops, unless it is `borrowed`."""
+    app = create_app(Borrowed(engine) if borrowed else engine,
+                     ServerSettings(served_model_names=[model_name], **settings))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            ws_max_size=16 * 1024 * 1024))

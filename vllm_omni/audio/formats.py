@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import struct
 import wave
 from dataclasses import dataclass
 
@@ -157,3 +158,22 @@ def encode_output(samples_pcm16: bytes, source_rate: int, fmt: AudioFormat) -> t
     floats = np.frombuffer(samples_pcm16, dtype="<i2").astype(np.float32) / 32768.0
     resampled = StreamingResampler(source_rate, fmt.rate).process(floats) if fmt.rate != source_rate else floats
     return _float_to_g711(resampled, "ulaw" if fmt.name == "g711_ulaw" else "alaw"), fmt.rate
+
+
+def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
+    """A 16-bit PCM WAV file as mono float32 samples (channels averaged) and its rate."""
+    try:
+        with wave.open(io.BytesIO(data)) as wav:
+            width, channels, rate = wav.getsampwidth(), wav.getnchannels(), wav.getframerate()
+            frames = wav.readframes(wav.getnframes())
+    except (wave.Error, EOFError, struct.error) as exc:
+        raise AudioDataError(f"not a WAV file ({exc})") from None
+    if width != 2:
+        raise AudioDataError(f"WAV audio must be 16-bit PCM, got {8 * width}-bit samples")
+    samples = np.frombuffer(frames[:len(frames) - len(frames) % (2 * channels)], dtype="<i2")
+    return samples.reshape(-1, channels).mean(axis=1).astype(np.float32) / 32768.0, rate
+
+
+def to_model_rate(samples: np.ndarray, rate: int) -> np.ndarray:
+    """Samples at `rate` resampled to the rate the models hear."""
+    return samples if rate == MODEL_RATE else StreamingResampler(rate, MODEL_RATE).process(samples)

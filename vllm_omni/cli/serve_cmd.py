@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    serve = commands.add_parser("serve", help="serve a model over /v1/realtime")
+    serve = commands.add_parser("serve", help="serve a model over /v1/realtime and /v1/chat/completions")
     serve.add_argument("model", help="checkpoint folder or a model id in the local Hugging Face cache")
     serve.add_argument("--deploy-config", required=True, help="deploy YAML (see configs/)")
     serve.add_argument("--host", default="127.0.0.1")
@@ -32,6 +32,12 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help="user speech a conversation keeps; beyond it the oldest turns lose their audio "
                             "(default 1200)")
     serve.add_argument("--speaker", help="default voice (default: the model's own)")
+    serve.add_argument("--max-request-body-bytes", type=int,
+                       help="/v1/chat/completions: larger bodies get 413 (default 32 MiB)")
+    serve.add_argument("--http-request-timeout-s", type=float,
+                       help="/v1/chat/completions: an answer not done by then ends with a timeout error (default 600)")
+    serve.add_argument("--answer-audio-ttl-s", type=float,
+                       help="/v1/chat/completions: how long an answer's audio id can be referred to (default 3600)")
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(run=serve_model)
 
@@ -51,7 +57,9 @@ def serve_model(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     engine = load_engine(args.model, deploy)
-    limits = {"send_timeout_s": args.send_timeout_s, "max_history_audio_s": args.max_history_audio_s}
+    limits = {"send_timeout_s": args.send_timeout_s, "max_history_audio_s": args.max_history_audio_s,
+              "max_request_body_bytes": args.max_request_body_bytes,
+              "http_request_timeout_s": args.http_request_timeout_s, "answer_audio_ttl_s": args.answer_audio_ttl_s}
     defaults = deploy.session_defaults
     settings = ServerSettings(
         served_model_names=args.served_model_name or [args.model], api_key=args.api_key,

@@ -41,3 +41,12 @@ STAGE_ACTIVE_REQUESTS = _StageGaugeCollector("vllm_omni_stage_active_requests",
                                              "Requests holding state in each stage")
 REGISTRY.register(STAGE_QUEUES)
 REGISTRY.register(STAGE_ACTIVE_REQUESTS)
+
+HTTP_REQUESTS = Counter("vllm_omni_http_requests_total", "HTTP generation requests by endpoint and status code",
+                        ["endpoint", "status"])
+HTTP_ACTIVE_REQUESTS = Gauge("vllm_omni_http_active_requests", "HTTP generation requests being answered",
+                             ["endpoint"])
+HTTP_TTFT = Histogram("vllm_omni_http_ttft_seconds", "HTTP request arrival to first text", ["endpoint"],
+                      buckets=LATENCY_BUCKETS)
+HTTP_TTFP = Histogram("vllm_omni_http_ttfp_seconds", "HTTP request arrival to first audio", ["endpoint"],
+                      buckets=LATENCY_BUCKETS)

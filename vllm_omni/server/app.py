@@ -1,4 +1,4 @@
-"""The FastAPI application: /v1/realtime, /v1/duplex, /v1/models, /health, /metrics."""
+"""The FastAPI application: /v1/realtime, /v1/duplex, /v1/chat/completions, /v1/models, /health, /metrics."""
 
 from __future__ import annotations
 
@@ -6,15 +6,16 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vllm_omni.engine.interface import ServedEngine
 from vllm_omni.metrics import prometheus as metrics
-from vllm_omni.server.auth import UNAUTHORIZED, authorized
+from vllm_omni.server.auth import ApiKeyMiddleware
+from vllm_omni.server.chat_completions import chat_completions_router
 from vllm_omni.server.duplex_registry import DuplexRegistry
 from vllm_omni.server.realtime import RealtimeConnection
 from vllm_omni.server.settings import ServerSettings
@@ -45,15 +46,14 @@ def create_app(engine: ServedEngine, settings: ServerSettings) -> FastAPI:
 
     app = FastAPI(title="vllm-omni", lifespan=lifespan)
 
-    @app.middleware("http")
-    async def require_api_key(request: Request, call_next: Any) -> Response:
-        """Every /v1 HTTP route (and /metrics when protected) checks the key before anything
-        else; WebSocket routes check it themselves before accepting."""
-        path = request.url.path
-        protected = path.startswith("/v1") or (settings.protect_metrics and path.startswith("/metrics"))
-        if protected and not authorized(request.headers, settings.api_key):
-            return JSONResponse(UNAUTHORIZED, status_code=401)
-        return await call_next(request)
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Routing errors (no such route, wrong method) in OpenAI's error shape."""
+        body = {"error": {"message": str(exc.detail), "type": "invalid_request_error", "param": None, "code": None}}
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, protect_metrics=settings.protect_metrics)
+    app.include_router(chat_completions_router(engine, settings, slots))
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -29,6 +29,10 @@ class ServerSettings:
     # server_vad on without them; what is missing keeps the built-in 0.5 / 500 / 300
     turn_detection_defaults: dict[str, float] = field(default_factory=dict)
     native_duplex: NativeDuplexSettings = field(default_factory=NativeDuplexSettings)
+    # /v1/chat/completions
+    max_request_body_bytes: int = 32 * 1024 * 1024  # larger bodies get 413
+    http_request_timeout_s: float = 600.0  # an answer not finished by then ends with a timeout error
+    answer_audio_ttl_s: float = 3600.0  # how long an answer's audio id can be referred to (its expires_at)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.turn_detection_defaults) - set(TURN_DETECTION_DEFAULT_FIELDS))
