@@ -62,7 +62,9 @@ def test_a_text_question_gets_a_playable_wav_and_its_transcript(served) -> None:
 def test_a_text_only_answer_streams_as_content(served) -> None:
     url, _, _ = served
     question = [{"role": "user", "content": "Say something."}]
-    whole = sdk(url).chat.completions.create(model=MODEL_NAME, messages=question, max_completion_tokens=12)
+    defaults = {"frequency_penalty": 0, "presence_penalty": 0, "logprobs": False, "response_format": {"type": "text"}}
+    whole = sdk(url).chat.completions.create(model=MODEL_NAME, messages=question, max_completion_tokens=12,
+                                             **defaults)
     streamed = streamed_answer(sdk(url), question, modalities=["text"], audio=None, max_completion_tokens=12,
                                stream_options={"include_usage": True})
     assert whole.choices[0].message.audio is None
@@ -121,6 +123,8 @@ ERRORS = {
     "unknown field": ({"logit_bias_x": 1}, 400, "logit_bias_x", "unknown_parameter"),
     "temperature": ({"temperature": 3}, 400, "temperature", "invalid_value"),
     "stop": ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "invalid_value"),
+    "penalty": ({"presence_penalty": 0.5}, 400, "presence_penalty", "unsupported_value"),
+    "json": ({"response_format": {"type": "json_object"}}, 400, "response_format", "unsupported_value"),
     "role": ({"messages": [{"role": "bot", "content": "x"}]}, 400, "messages[0].role", "invalid_value"),
     "part": ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "eA=="}}]}]},
              400, "messages[0].content[0].input_audio.format", "missing_required_parameter"),

@@ -158,6 +158,12 @@ class ChatCompletionRequest(_Strict):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # What clients and agent frameworks send at their defaults; other values are refused
+    # (`unsupported_defaults`).
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logprobs: bool | None = None
+    response_format: dict[str, Any] | None = None
     # Accepted and ignored, as other OpenAI-compatible servers do: they change nothing the
     # model computes here (`store`: an answer is kept only for its audio id's lifetime).
     user: str | None = None
@@ -231,7 +237,20 @@ def parse_chat_request(raw: object) -> tuple[ChatCompletionRequest, list[ChatMes
                                    "unsupported_value")
     if request.stream_options is not None and not request.stream:
         raise ChatRequestError("stream_options is only allowed when stream is true.", "stream_options")
+    unsupported_defaults(request)
     return request, parse_messages(request.messages)
+
+
+def unsupported_defaults(request: ChatCompletionRequest) -> None:
+    """Parameters this server takes only at their default: 0 penalties, no logprobs, text."""
+    for name in ("frequency_penalty", "presence_penalty"):
+        if getattr(request, name) not in (None, 0):
+            raise ChatRequestError(f"{name} is not supported (only 0).", name, "unsupported_value")
+    if request.logprobs:
+        raise ChatRequestError("logprobs are not supported.", "logprobs", "unsupported_value")
+    if request.response_format not in (None, {"type": "text"}):
+        raise ChatRequestError('response_format is not supported (only {"type": "text"}).', "response_format",
+                               "unsupported_value")
 
 
 def parse_messages(messages: list[dict[str, Any]]) -> list[ChatMessage]:

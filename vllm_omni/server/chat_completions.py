@@ -30,8 +30,7 @@ from vllm_omni.session.answer_audio import AnswerAudioStore
 from vllm_omni.session.chat_completion import ENDPOINT, ChatCompletion
 
 logger = logging.getLogger(__name__)
-ERROR_TYPES = {401: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error",
-               504: "server_error"}
+ERROR_TYPES = {429: "rate_limit_error", 500: "server_error", 503: "server_error", 504: "server_error"}
 
 
 class ClientGone(Exception):
