@@ -1,4 +1,5 @@
-"""The FastAPI application: /v1/realtime, /v1/duplex, /v1/chat/completions, /v1/models, /health, /metrics."""
+"""The FastAPI application: /v1/realtime, /v1/duplex, /v1/chat/completions, /v1/models, /health, /metrics,
+and the voice demo page at /."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from vllm_omni.engine.interface import ServedEngine
 from vllm_omni.metrics import prometheus as metrics
 from vllm_omni.server.auth import ApiKeyMiddleware
 from vllm_omni.server.chat_completions import chat_completions_router
+from vllm_omni.server.demo_page import add_demo_page
 from vllm_omni.server.duplex_registry import DuplexRegistry
 from vllm_omni.server.realtime import RealtimeConnection
 from vllm_omni.server.settings import ServerSettings
@@ -54,6 +56,7 @@ def create_app(engine: ServedEngine, settings: ServerSettings) -> FastAPI:
 
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, protect_metrics=settings.protect_metrics)
     app.include_router(chat_completions_router(engine, settings, slots))
+    add_demo_page(app)
 
     @app.get("/health")
     async def health() -> JSONResponse:
