@@ -105,6 +105,15 @@ def test_a_stop_in_the_first_token_releases_nothing() -> None:
     assert found.stopped and found.items == [] and found.text == "" and found.token_ids == ()
 
 
+def test_a_stop_inside_the_first_token_keeps_its_prefill_back() -> None:
+    """The prefill carries the first token into the talker's prompt: it goes only with that
+    token whole, so a stop inside the first token leaves nothing spoken."""
+    stops = StopStrings(["llo"])
+    assert stops.add("", (), "prefilled").items == []
+    found = stops.add("Hello", (1,), "hello")
+    assert found.stopped and found.items == [] and found.text == "He" and found.token_ids == (1,)
+
+
 # The engine --------------------------------------------------------------------------
 
 

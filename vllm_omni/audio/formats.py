@@ -170,6 +170,10 @@ def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
         raise AudioDataError(f"not a WAV file ({exc})") from None
     if width != 2:
         raise AudioDataError(f"WAV audio must be 16-bit PCM, got {8 * width}-bit samples")
+    try:
+        check_rate(rate, "the WAV's sample rate")
+    except ValueError as exc:
+        raise AudioDataError(str(exc)) from None
     samples = np.frombuffer(frames[:len(frames) - len(frames) % (2 * channels)], dtype="<i2")
     return samples.reshape(-1, channels).mean(axis=1).astype(np.float32) / 32768.0, rate
 

@@ -78,24 +78,31 @@ class StopStrings(Generic[Item]):
         return 0
 
     def _release(self, boundary: int | None, stopped: bool) -> Released[Item]:
-        """Release the held items before `boundary` (a text offset into the held text; None: all),
-        cutting the one across it when a stop string starts there."""
+        """Release the held items whose text ends by `boundary` (a text offset into the held text;
+        None: all). An item without text goes with the text after it: only when that text is
+        released whole (the first token's prefill carries the token into the talker's prompt).
+        When a stop string starts at `boundary`, the text before it is kept, and the ids of the
+        token it cuts."""
         out: Released[Item] = Released(stopped=stopped)
         ids: list[int] = []
-        start = count = 0
+        ends, end = [], 0
         for held in self._held:
-            end = start + len(held.text)
-            if boundary is None or end < boundary or (end == boundary and held.text):
-                out.items.append(held.item)
-                out.text += held.text
-                ids += held.token_ids
-                count += 1
-            else:
-                if stopped and start < boundary:
-                    out.text += held.text[:boundary - start]
-                    ids += held.token_ids
+            end += len(held.text)
+            ends.append(end)
+        count = 0
+        for i, held in enumerate(self._held):
+            settles = next((ends[j] for j in range(i, len(self._held)) if self._held[j].text), None)
+            if boundary is not None and (settles is None or settles > boundary):
                 break
-            start = end
+            out.items.append(held.item)
+            out.text += held.text
+            ids += held.token_ids
+            count += 1
+        if stopped:
+            cut = next((h for h in self._held[count:] if h.text), None)
+            if cut is not None and len(out.text) < boundary:
+                ids += cut.token_ids
+            out.text = "".join(h.text for h in self._held)[:boundary]
         self._held = [] if stopped else self._held[count:]
         out.token_ids = tuple(ids)
         self.text += out.text

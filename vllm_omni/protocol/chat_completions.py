@@ -20,7 +20,7 @@ MAX_STOP_STRINGS = 4  # as OpenAI
 OUTPUT_FORMATS = ("wav", "pcm16")
 INPUT_AUDIO_FORMATS = ("wav", "pcm16")
 PART_TAGS = ("text", "input_audio", "image_url")  # what pydantic adds to a part's error location
-UNION_MEMBER = re.compile(r"^(str|int|float|bool|dict\[.*|list\[.*|[A-Z]\w*)$")  # `Literal[…]`, `TextPart`…
+UNION_MEMBER = re.compile(r"^(str|int|float|bool|dict\[.*|list\[.*|literal\[.*|[A-Z]\w*)$")  # `TextPart`…
 
 
 class ChatRequestError(ProtocolError):
@@ -151,12 +151,12 @@ class ChatCompletionRequest(_Strict):
     max_tokens: PositiveInt | None = None  # OpenAI's older name of max_completion_tokens
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)  # a 64-bit integer, as OpenAI
     stop: str | list[str] | None = None
     tools: list[ChatTool] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
-    n: int = 1
-    stream: bool = False
+    n: int | None = 1  # null: 1, as OpenAI
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     # What clients and agent frameworks send at their defaults; other values are refused
     # (`unsupported_defaults`).
@@ -220,7 +220,7 @@ def parse_chat_request(raw: object) -> tuple[ChatCompletionRequest, list[ChatMes
         request = ChatCompletionRequest.model_validate(raw)
     except ValidationError as exc:
         raise _problem(exc.errors()) from None
-    if request.n != 1:
+    if request.n not in (None, 1):
         raise ChatRequestError(f"n must be 1 (one choice per request), got {request.n}.", "n", "unsupported_value")
     stops = request.stop_strings
     if len(stops) > MAX_STOP_STRINGS or not all(stops):

@@ -28,6 +28,7 @@ from vllm_omni.server.settings import ServerSettings
 from vllm_omni.server.slots import SessionSlots
 from vllm_omni.session.answer_audio import AnswerAudioStore
 from vllm_omni.session.chat_completion import ENDPOINT, ChatCompletion
+from vllm_omni.session.chat_messages import engine_messages
 
 logger = logging.getLogger(__name__)
 ERROR_TYPES = {429: "rate_limit_error", 500: "server_error", 503: "server_error", 504: "server_error"}
@@ -92,11 +93,12 @@ def chat_completions_router(engine: EngineClient, settings: ServerSettings, slot
             if chat.model not in settings.served_model_names:
                 raise ChatRequestError(f"The model `{chat.model[:200]}` does not exist.", "model", "model_not_found",
                                        404)
-            release = slots.take()
+            release = slots.take(realtime=False)
             if release is None:
                 raise ChatRequestError(f"The server is at capacity ({settings.max_sessions} sessions and requests); "
                                        "retry later.", None, "rate_limit_exceeded", 429)
-            completion = ChatCompletion(engine, chat, messages, answers, settings.http_request_timeout_s)
+            turns = await asyncio.to_thread(engine_messages, messages, answers)  # decodes audio and images
+            completion = ChatCompletion(engine, chat, turns, answers, settings.http_request_timeout_s)
             metrics.HTTP_ACTIVE_REQUESTS.labels(endpoint=ENDPOINT).inc()
             await unless_client_leaves(request, asyncio.ensure_future(completion.start()))
             if chat.stream:
@@ -136,6 +138,8 @@ async def streamed(completion: ChatCompletion, release: Callable[[], None]) -> A
     try:
         async for piece in completion.chunks():
             yield sse_event(piece)
+            if "error" in piece:  # the answer failed: no [DONE]
+                return
         yield DONE_EVENT
     finally:
         await finish(completion, release)

@@ -1,5 +1,6 @@
 """The server's session slots (`max_sessions`): taken at admission, released exactly once when
-the session ends, whichever connection it ends on (a duplex session may outlive several)."""
+the session ends, whichever connection it ends on (a duplex session may outlive several). An
+HTTP generation request holds one while it is answered."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ class SessionSlots:
         self.limit = limit
         self.open = 0  # one event loop: a plain counter is enough
 
-    def take(self) -> Callable[[], None] | None:
-        """A slot's release (safe to call twice), or None when all are taken."""
+    def take(self, realtime: bool = True) -> Callable[[], None] | None:
+        """A slot's release (safe to call twice), or None when all are taken. Only `realtime`
+        slots count in the realtime sessions' metrics (an HTTP request has its own)."""
         if self.open >= self.limit:
             return None
         self.open += 1
-        metrics.ACTIVE_SESSIONS.inc()
-        metrics.SESSIONS_TOTAL.inc()
+        if realtime:
+            metrics.ACTIVE_SESSIONS.inc()
+            metrics.SESSIONS_TOTAL.inc()
         released = False
 
         def release() -> None:
@@ -27,6 +30,7 @@ class SessionSlots:
             if not released:
                 released = True
                 self.open -= 1
-                metrics.ACTIVE_SESSIONS.dec()
+                if realtime:
+                    metrics.ACTIVE_SESSIONS.dec()
 
         return release

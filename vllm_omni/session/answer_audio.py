@@ -8,6 +8,7 @@ first).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 
@@ -19,22 +20,25 @@ class AnswerAudioStore:
     def __init__(self, ttl_s: float = DEFAULT_TTL_S, max_answers: int = DEFAULT_MAX_ANSWERS):
         self.ttl_s, self.max_answers = ttl_s, max_answers
         self._answers: OrderedDict[str, tuple[str, float]] = OrderedDict()  # id -> (transcript, expires at)
+        self._lock = threading.Lock()  # requests' messages are read in worker threads
 
     def expires_at(self) -> int:
         """When an answer kept now expires (Unix seconds)."""
         return int(time.time() + self.ttl_s)
 
     def keep(self, audio_id: str, transcript: str, expires_at: int) -> None:
-        self._answers[audio_id] = (transcript, expires_at)
-        while len(self._answers) > self.max_answers:
-            self._answers.popitem(last=False)
+        with self._lock:
+            self._answers[audio_id] = (transcript, expires_at)
+            while len(self._answers) > self.max_answers:
+                self._answers.popitem(last=False)
 
     def transcript(self, audio_id: str) -> str | None:
         """What the answer said; None once it has expired or was never given."""
-        kept = self._answers.get(audio_id)
-        if kept is None:
-            return None
-        if kept[1] < time.time():
-            del self._answers[audio_id]
-            return None
-        return kept[0]
+        with self._lock:
+            kept = self._answers.get(audio_id)
+            if kept is None:
+                return None
+            if kept[1] < time.time():
+                del self._answers[audio_id]
+                return None
+            return kept[0]

@@ -23,6 +23,7 @@ from vllm_omni.engine.request import (
     EngineBusyError,
     EngineOutput,
     FinishReason,
+    Message,
     OmniRequest,
     RequestError,
     RequestFinished,
@@ -31,7 +32,7 @@ from vllm_omni.engine.request import (
     ToolCall,
 )
 from vllm_omni.metrics import prometheus as metrics
-from vllm_omni.protocol.chat_completions import ChatCompletionRequest, ChatMessage, ChatRequestError, error_body
+from vllm_omni.protocol.chat_completions import ChatCompletionRequest, ChatRequestError, error_body
 from vllm_omni.protocol.chat_responses import (
     CompletionHeader,
     TokenCounts,
@@ -43,7 +44,6 @@ from vllm_omni.protocol.chat_responses import (
 )
 from vllm_omni.protocol.server_events import new_id
 from vllm_omni.session.answer_audio import AnswerAudioStore
-from vllm_omni.session.chat_messages import engine_messages
 
 ENDPOINT = "chat_completions"  # the metrics' label
 FIELD_PATH = re.compile(r"^[A-Za-z_][\w.\[\]]*$")  # an engine message's leading `field.path: …`
@@ -67,15 +67,15 @@ def failure(final: RequestFinished) -> ChatRequestError:
 
 
 class ChatCompletion:
-    def __init__(self, engine: EngineClient, request: ChatCompletionRequest, messages: list[ChatMessage],
+    def __init__(self, engine: EngineClient, request: ChatCompletionRequest, messages: list[Message],
                  answers: AnswerAudioStore, timeout_s: float):
-        """Raises ChatRequestError for a message the engine could not take."""
+        """`messages`: the request's, as `engine_messages` makes them."""
         self.engine, self.request, self.answers = engine, request, answers
         self.header = CompletionHeader(new_id("chatcmpl-"), int(time.time()), request.model)
         self.audio_id = new_id("audio_") if request.wants_audio else None
         self.expires_at = answers.expires_at()
         self.engine_request = OmniRequest(
-            messages=engine_messages(messages, answers), speaker=self._speaker(),
+            messages=messages, speaker=self._speaker(),
             modalities=("text", "audio") if request.wants_audio else ("text",),
             max_output_tokens=request.token_limit, temperature=request.temperature, top_p=request.top_p,
             stop=request.stop_strings, seed=request.seed, tools=self._tools(), tool_choice=self._tool_choice())
