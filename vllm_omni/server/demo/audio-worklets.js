@@ -45,7 +45,7 @@ class CaptureProcessor extends AudioWorkletProcessor {
 
 // Plays queued 24 kHz chunks back to back; counts what was actually played per response.
 // Messages in: {type: "chunk", responseId, samples} and {type: "clear"}. Out, every ~100 ms
-// and at once after a clear: {played: {responseId: samples}, queued: samples}.
+// and at once after a clear: {played: {responseId: samples}}, counted at the wire rate.
 class PlaybackProcessor extends AudioWorkletProcessor {
   constructor() {
     super();
@@ -65,12 +65,8 @@ class PlaybackProcessor extends AudioWorkletProcessor {
     };
   }
 
-  queuedSamples() {
-    return this.queue.reduce((total, chunk) => total + chunk.samples.length - chunk.offset, 0);
-  }
-
   report() {
-    this.port.postMessage({ played: { ...this.played }, queued: this.queuedSamples() });
+    this.port.postMessage({ played: { ...this.played } });
     this.sinceReport = 0;
   }
 

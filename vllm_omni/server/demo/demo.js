@@ -15,7 +15,6 @@ window.demoStats = stats;
 let socket = null;
 let context = null;
 let player = null;
-let micStream = null;
 let pending = []; // captured Float32 blocks not yet sent
 let pendingSamples = 0;
 let talking = false; // push to talk: the button is held
@@ -106,7 +105,7 @@ function sessionUpdate() {
 function turnEnded() {
   // the user's line goes up now and gets its transcript when the server has it
   turn = { index: stats.turns.length + 1, endedAt: performance.now(), ttftMs: null, ttfpMs: null, responseId: null,
-    itemId: null, userItemId: null, receivedSamples: 0, end: "answering", userLine: line("user", "…"),
+    itemId: null, userItemId: null, receivedSamples: 0, ackedMs: 0, end: "answering", userLine: line("user", "…"),
     assistantLine: null };
   stats.turns.push(turn);
   renderTimings();
@@ -115,6 +114,7 @@ function turnEnded() {
 function userTranscript(event) {
   const owner = stats.turns.find((t) => t.userItemId === event.item_id);
   if (owner) owner.userLine.textContent = event.transcript || "(speech)";
+  scrollDown();
 }
 
 function renderTimings() {
@@ -142,6 +142,8 @@ function bargeIn() {
   const playing = turn.receivedSamples - heard > WIRE_RATE / 10; // playback reports come every 100 ms
   if (turn.end !== "answering" && !playing) return; // that answer is over
   player.port.postMessage({ type: "clear" });
+  // server VAD cancels the answer itself (interrupt_response); push to talk must ask
+  if (mode() === "ptt" && turn.end === "answering") send({ type: "response.cancel" });
   stats.bargeIns += 1;
   turn.end = "barge-in";
   if (turn.itemId) {
@@ -153,8 +155,10 @@ function bargeIn() {
 
 function acknowledgePlayback() {
   if (!turn || !turn.responseId) return;
-  send({ type: "playback.ack", response_id: turn.responseId,
-    played_ms: Math.floor(((played[turn.responseId] || 0) * 1000) / WIRE_RATE) });
+  const playedMs = Math.floor(((played[turn.responseId] || 0) * 1000) / WIRE_RATE);
+  if (playedMs === turn.ackedMs) return;
+  turn.ackedMs = playedMs;
+  send({ type: "playback.ack", response_id: turn.responseId, played_ms: playedMs });
 }
 
 // Server events ------------------------------------------------------------------------------
@@ -215,10 +219,12 @@ function onServerEvent(message) {
 // Connecting -----------------------------------------------------------------------------------
 
 async function startAudio() {
-  context = new AudioContext({ sampleRate: WIRE_RATE });
+  // at the device's own rate (not every browser connects a microphone to a context at
+  // another rate); the worklets resample to and from the wire's 24 kHz
+  context = new AudioContext();
   await context.audioWorklet.addModule("/demo/audio-worklets.js");
   const echoCancellation = new URLSearchParams(location.search).get("echo_cancellation") !== "0";
-  micStream = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1, echoCancellation,
+  const micStream = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1, echoCancellation,
     noiseSuppression: echoCancellation, autoGainControl: echoCancellation } });
   const capture = new AudioWorkletNode(context, "capture-processor");
   capture.port.onmessage = (event) => captured(event.data);
@@ -239,8 +245,10 @@ async function connect() {
   $("error").textContent = "";
   setState("connecting");
   try {
-    if (!context) await startAudio();
+    if (!player) await startAudio();
   } catch (error) {
+    if (context) context.close();
+    context = player = null;
     setState("not connected");
     showError(`microphone or audio: ${error.message}`);
     return;
@@ -252,6 +260,11 @@ async function connect() {
   socket.onopen = () => send(sessionUpdate()); // on the duplex lane this opens the session
   socket.onmessage = onServerEvent;
   socket.onclose = (event) => {
+    player.port.postMessage({ type: "clear" });
+    turn = null;
+    pending = [];
+    pendingSamples = 0;
+    talking = false;
     setState(`closed (${event.code}${event.reason ? ": " + event.reason : ""})`);
     $("connect").textContent = "Start";
     $("talk").disabled = true;
