@@ -12,7 +12,7 @@ from collections.abc import Callable
 import openai
 
 from tests.realtime_helpers import MODEL_NAME, fixture_pcm
-from vllm_omni.client.chat import wav_bytes
+from vllm_omni.client.wav import wav_bytes
 
 SPOKEN = {"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}
 STREAMED = {"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "pcm16"}, "stream": True}

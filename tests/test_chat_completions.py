@@ -18,8 +18,8 @@ from tests.engine_helpers import make_engine
 from tests.realtime_helpers import MODEL_NAME, serving
 from tests.test_image_input import picture
 from tests.test_tool_calls import WEATHER
-from vllm_omni.client.chat import wav_bytes
 from vllm_omni.client.connection import RealtimeConnection
+from vllm_omni.client.wav import wav_bytes
 
 KEY = "sk-chat-test"
 TEXT = {"modalities": ["text"], "audio": None}

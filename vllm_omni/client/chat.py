@@ -6,7 +6,6 @@ request's send time, so they compare with the realtime client's (client/timing.p
 from __future__ import annotations
 
 import base64
-import io
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-from vllm_omni.client.wav import INPUT_RATE, write_pcm16
+from vllm_omni.client.wav import wav_bytes
 
 OUTPUT_RATE = 24000  # OpenAI's streamed pcm16: 24 kHz mono, little-endian
 DEFAULT_VOICE = "Ethan"  # Qwen3-Omni's default speaker
@@ -63,12 +62,6 @@ class ChatTurn:
         if self.audio_id is not None:
             return {"role": "assistant", "audio": {"id": self.audio_id}}
         return {"role": "assistant", "content": self.transcript}
-
-
-def wav_bytes(pcm16: bytes, sample_rate: int = INPUT_RATE) -> bytes:
-    buffer = io.BytesIO()
-    write_pcm16(buffer, pcm16, sample_rate)
-    return buffer.getvalue()
 
 
 def user_message(wav_pcm16: bytes | None = None, text: str | None = None,

@@ -17,21 +17,23 @@ class WavError(ValueError):
     pass
 
 
-def _open(path: Path) -> wave.Wave_read:
-    if not path.is_file():
-        raise WavError(f"{path}: no such file")
+def _open(source: Path | io.BytesIO, name: str) -> wave.Wave_read:
+    if isinstance(source, Path) and not source.is_file():
+        raise WavError(f"{name}: no such file")
     try:
-        return wave.open(str(path), "rb")
+        return wave.open(source if isinstance(source, io.BytesIO) else str(source), "rb")
     except wave.Error as exc:  # compressed formats, other containers, truncated headers
-        raise WavError(f"{path}: not an uncompressed PCM WAV file ({exc})") from None
+        raise WavError(f"{name}: not an uncompressed PCM WAV file ({exc})") from None
     except EOFError:
-        raise WavError(f"{path}: truncated WAV file") from None
+        raise WavError(f"{name}: truncated WAV file") from None
 
 
-def read_pcm16(path: str | Path) -> bytes:
-    """The samples of a 16 kHz mono 16-bit PCM WAV file, as little-endian bytes."""
-    path = Path(path)
-    with _open(path) as wav:
+def read_pcm16(source: str | Path | bytes, name: str | None = None) -> bytes:
+    """The samples of a 16 kHz mono 16-bit PCM WAV file (a path, or the file's bytes), as
+    little-endian bytes; `name` names it in errors (default: the path)."""
+    opened = io.BytesIO(source) if isinstance(source, bytes) else Path(source)
+    name = name or str(opened)
+    with _open(opened, name) as wav:
         problems = []
         if wav.getnchannels() != 1:
             problems.append(f"{wav.getnchannels()} channels (need mono)")
@@ -40,10 +42,10 @@ def read_pcm16(path: str | Path) -> bytes:
         if wav.getframerate() != INPUT_RATE:
             problems.append(f"{wav.getframerate()} Hz (need {INPUT_RATE} Hz)")
         if problems:
-            raise WavError(f"{path}: {', '.join(problems)}")
+            raise WavError(f"{name}: {', '.join(problems)}")
         frames = wav.readframes(wav.getnframes())
     if not frames:
-        raise WavError(f"{path}: no audio samples")
+        raise WavError(f"{name}: no audio samples")
     return frames
 
 
@@ -55,8 +57,13 @@ def write_pcm16(target: str | Path | io.BytesIO, pcm: bytes, sample_rate: int) -
         wav.writeframes(pcm)
 
 
+def wav_bytes(pcm16: bytes, sample_rate: int = INPUT_RATE) -> bytes:
+    """Mono PCM16 as the bytes of a WAV file."""
+    buffer = io.BytesIO()
+    write_pcm16(buffer, pcm16, sample_rate)
+    return buffer.getvalue()
+
+
 def wav_data_url(path: str | Path) -> str:
     """A 16 kHz mono PCM16 WAV file as a `data:audio/wav;base64,` URL (e.g. `ref_audio`)."""
-    buffer = io.BytesIO()
-    write_pcm16(buffer, read_pcm16(path), INPUT_RATE)
-    return "data:audio/wav;base64," + base64.b64encode(buffer.getvalue()).decode()
+    return "data:audio/wav;base64," + base64.b64encode(wav_bytes(read_pcm16(path))).decode()
