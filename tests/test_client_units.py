@@ -155,7 +155,7 @@ def test_broken_fields_are_ignored_not_fatal() -> None:
 
 def test_summaries_use_nearest_rank_and_drop_bad_values() -> None:
     s = summarize([5, 1, 4, 2, 3, -1, float("nan"), None, "x", math.inf, True])
-    assert s == {"count": 5, "mean": 3.0, "p50": 3.0, "p95": 5.0, "max": 5.0}
+    assert s == {"count": 5, "mean": 3.0, "min": 1.0, "p50": 3.0, "p95": 5.0, "max": 5.0}
     assert summarize([])["p50"] is None
     turns = [{"chunk_count": 2, "ttft_ms": 100.0, "ttfp_ms": 200.0, "rtf": 0.5},
              {"chunk_count": 0, "ttft_ms": 1.0, "ttfp_ms": None, "rtf": None},

@@ -6,28 +6,29 @@ the client cannot check decoded audio against a server-side duration (`lost_audi
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from vllm_omni.bench.realtime import level_row, timed_gather
+from vllm_omni.bench.realtime import level_row, level_runner, timed_gather, turn_rows
 from vllm_omni.bench.report import run_levels
-from vllm_omni.client.chat import run_chat
+from vllm_omni.client.chat import ChatTurn, run_chat
 
 
-async def run_level(base_url: str, pcm: bytes, sessions: int, turns: int, *,
-                    model: str | None = None) -> dict[str, Any]:
-    """`sessions` concurrent conversations of `turns` questions each."""
-    outcomes, wall_s = await timed_gather([run_chat(base_url, pcm, turns=turns, model=model)
+async def run_level(base_url: str, pcm: bytes, sessions: int, turns: int, *, model: str | None = None,
+                    on_turn: Callable[[ChatTurn], None] | None = None) -> dict[str, Any]:
+    """`sessions` concurrent conversations of `turns` questions each; `on_turn` is called with
+    each answer as it ends. An answer's status is its `finish_reason`."""
+    outcomes, wall_s = await timed_gather([run_chat(base_url, pcm, turns=turns, model=model, on_turn=on_turn)
                                            for _ in range(sessions)])
-    answers = [turn for outcome in outcomes if isinstance(outcome, list) for turn in outcome]
-    return level_row(sessions, turns, wall_s, [turn.metrics for turn in answers],
-                     completed=sum(1 for turn in answers if turn.finish_reason is not None),
+    conversations = [outcome if isinstance(outcome, list) else [] for outcome in outcomes]
+    per_turn = turn_rows([[(turn.metrics, turn.finish_reason) for turn in answers] for answers in conversations])
+    return level_row(sessions, turns, wall_s, per_turn,
+                     completed=sum(1 for row in per_turn if row["status"] is not None),
                      failures=[outcome for outcome in outcomes if isinstance(outcome, BaseException)])
 
 
 def run_benchmark(targets: dict[str, str], levels: Sequence[int], pcm: bytes, turns: int, *,
                   model: str | None = None) -> dict[str, list[dict[str, Any]]]:
     """For each target (name → `chat_base_url`), each concurrency level in turn."""
-    return {name: run_levels(name, levels, lambda sessions, base_url=base_url: asyncio.run(
-        run_level(base_url, pcm, sessions, turns, model=model))) for name, base_url in targets.items()}
+    return {name: run_levels(name, levels, level_runner(run_level, base_url, pcm, turns, model=model),
+                             answers_per_session=turns) for name, base_url in targets.items()}

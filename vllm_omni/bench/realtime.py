@@ -1,6 +1,7 @@
 """`vllm-omni bench realtime`: concurrent realtime sessions against a server and, in the same
-run, against a baseline; per-turn TTFT / TTFP / RTF percentiles, audio seconds produced per
-wall second and error counts per concurrency level. JSON, a printed table, and a PNG of TTFP
+run, against a baseline; per concurrency level TTFT / TTFP / RTF percentiles, playback stalls
+and buffer (client/playback.py), audio seconds produced per wall second and error counts, with
+every answer's figures and TTFT / TTFP by turn number. JSON, a printed table, and a PNG of TTFP
 and RTF against concurrency. Targets on the duplex lane (docs/realtime-api.md §13) also report
 their responses and, in a barge-in run, the barge-in reaction time (client/barge_in.py)."""
 
@@ -8,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from vllm_omni.bench.report import pyplot, run_levels, write_json
+from vllm_omni.bench.report import Progress, pyplot, run_levels, write_json
 from vllm_omni.client.barge_in import CANCELLED, run_barge_in_session
 from vllm_omni.client.timing import summarize
-from vllm_omni.client.turns import SessionResult, run_session
+from vllm_omni.client.turns import SessionResult, TurnResult, run_session
+
+# An answer's figures in `per_turn`, besides its session, turn number and status.
+TURN_KEYS = ("ttft_ms", "ttfp_ms", "rtf", "audio_duration_ms", "stall_count", "stall_ms", "min_buffer_ms")
 
 
 async def timed_gather(runs: Sequence[Awaitable[Any]]) -> tuple[list[Any], float]:
@@ -25,52 +29,91 @@ async def timed_gather(runs: Sequence[Awaitable[Any]]) -> tuple[list[Any], float
     return outcomes, time.monotonic() - started
 
 
-def level_row(sessions: int, turns: int, wall_s: float, metrics: Sequence[dict[str, Any]], *, completed: int,
-              failures: Sequence[BaseException], error_events: int = 0, lost_audio_turns: int = 0,
-              rtf: Iterable[Any] | None = None) -> dict[str, Any]:
-    """One concurrency level's row: `sessions` of `turns` turns each, `metrics` those of the
-    turns of the sessions that finished; `rtf` the RTFs that count (default: every turn's)."""
+def turn_rows(sessions: Sequence[Sequence[tuple[dict[str, Any], str | None]]]) -> list[dict[str, Any]]:
+    """One row per answer: its session and turn number (both from 1), `TURN_KEYS` of its
+    metrics and its status. `sessions[i]`: session i+1's (metrics, status) per answer, in
+    order; empty for a session that failed."""
+    return [{"session": session, "turn": turn, **{key: metrics.get(key) for key in TURN_KEYS}, "status": status}
+            for session, answers in enumerate(sessions, 1) for turn, (metrics, status) in enumerate(answers, 1)]
+
+
+def by_turn(per_turn: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """TTFT and TTFP summaries per turn number, over the sessions: turn n against turn 1."""
+    numbers = sorted({row["turn"] for row in per_turn})
+    return {number: {key: summarize(row[key] for row in per_turn if row["turn"] == number)
+                     for key in ("ttft_ms", "ttfp_ms")} for number in numbers}
+
+
+def playback_figures(played: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Stalls and least buffer over the `played` answers that have audio."""
+    heard = [row for row in played if row["audio_duration_ms"]]
+    return {"stalls": sum(row["stall_count"] for row in heard),
+            "stalled_responses": sum(1 for row in heard if row["stall_count"]),
+            "stall_ms": summarize(row["stall_ms"] for row in heard),
+            "min_buffer_ms": summarize(row["min_buffer_ms"] for row in heard)}
+
+
+def level_row(sessions: int, turns: int, wall_s: float, per_turn: Sequence[dict[str, Any]], *, completed: int,
+              failures: Sequence[BaseException], error_events: int = 0, lost_audio_turns: int = 0) -> dict[str, Any]:
+    """One concurrency level's row: `sessions` of `turns` turns each, `per_turn` the answers
+    of the sessions that finished (`turn_rows`). A cancelled answer's generation and playback
+    were cut short: its RTF and stalls say nothing."""
+    played = [row for row in per_turn if row["status"] != CANCELLED]
     return {
         "sessions": sessions, "turns": sessions * turns, "completed_turns": completed, "wall_s": round(wall_s, 3),
         "failed_sessions": len(failures), "lost_audio_turns": lost_audio_turns, "error_events": error_events,
         "failures": [f"{type(f).__name__}: {f}" for f in failures],
-        "audio_s_per_wall_s": round(sum(m["audio_duration_ms"] for m in metrics) / 1000 / wall_s, 3),
-        "ttft_ms": summarize(m["ttft_ms"] for m in metrics),
-        "ttfp_ms": summarize(m["ttfp_ms"] for m in metrics),
-        "rtf": summarize(rtf if rtf is not None else (m["rtf"] for m in metrics)),
+        "audio_s_per_wall_s": round(sum(row["audio_duration_ms"] for row in per_turn) / 1000 / wall_s, 3),
+        "ttft_ms": summarize(row["ttft_ms"] for row in per_turn),
+        "ttfp_ms": summarize(row["ttfp_ms"] for row in per_turn),
+        "rtf": summarize(row["rtf"] for row in played),
+        **playback_figures(played),
+        "by_turn": by_turn(per_turn),
+        "per_turn": list(per_turn),
     }
+
+
+def level_runner(run: Callable[..., Coroutine[Any, Any, dict[str, Any]]], url: str, pcm: bytes, turns: int,
+                 **options: Any) -> Callable[[int, Progress], dict[str, Any]]:
+    """A level as `run_levels` runs it: `run(url, pcm, sessions, turns, on_turn=progress, **options)`
+    to completion."""
+    return lambda sessions, progress: asyncio.run(run(url, pcm, sessions, turns, on_turn=progress, **options))
+
+
+def _status(turn: TurnResult) -> str | None:
+    return turn.response.status if turn.response is not None else None
 
 
 async def run_level(url: str, pcm: bytes, sessions: int, turns: int, *, model: str | None = None,
                     server_vad: bool = False, transcribe: bool = False, duplex: bool = False,
-                    interruption: bytes | None = None) -> dict[str, Any]:
+                    interruption: bytes | None = None,
+                    on_turn: Callable[[TurnResult], None] | None = None) -> dict[str, Any]:
     """`sessions` concurrent sessions of `turns` turns each, audio paced in real time. With
     `interruption` (duplex lane), every turn is a barge-in: `interruption` is spoken over the
-    answer, which the server cancels, and is answered in turn."""
+    answer, which the server cancels, and is answered in turn. `on_turn`: called with each
+    answer as it ends."""
     if interruption is not None:
-        runs = [run_barge_in_session(url, pcm, interruption, turns=turns, model=model, transcribe=transcribe)
-                for _ in range(sessions)]
+        runs = [run_barge_in_session(url, pcm, interruption, turns=turns, model=model, transcribe=transcribe,
+                                     on_turn=on_turn) for _ in range(sessions)]
     else:
         runs = [run_session(url, pcm, turns=turns, model=model, server_vad=server_vad, transcribe=transcribe,
-                            duplex=duplex) for _ in range(sessions)]
+                            duplex=duplex, on_turn=on_turn) for _ in range(sessions)]
     outcomes, wall_s = await timed_gather(runs)
     finished = [o for o in outcomes if isinstance(o, SessionResult)]
-    results = [t for result in finished for t in result.turns]
+    sessions_turns = [o.turns if isinstance(o, SessionResult) else [] for o in outcomes]
+    results = [t for session_turns in sessions_turns for t in session_turns]
     row = level_row(
-        sessions, turns, wall_s, [t.metrics for t in results],
-        completed=sum(1 for t in results if t.response is not None and t.response.status == "completed"),
+        sessions, turns, wall_s, turn_rows([[(t.metrics, _status(t)) for t in ts] for ts in sessions_turns]),
+        completed=sum(1 for t in results if _status(t) == "completed"),
         failures=[o for o in outcomes if not isinstance(o, SessionResult)],
         error_events=sum(len(result.errors) for result in finished),
         # Audio the client decoded must add up to the server's final cumulative duration.
         lost_audio_turns=sum(1 for t in results if t.response is not None
-                             and abs(t.response.audio_ms - t.metrics["audio_duration_ms"]) > 1),
-        # A cancelled answer's generation was cut short: its RTF says nothing.
-        rtf=[t.metrics["rtf"] for t in results if t.response is None or t.response.status != CANCELLED])
+                             and abs(t.response.audio_ms - t.metrics["audio_duration_ms"]) > 1))
     if duplex or interruption is not None:
         row.update({
             "responses": len(results),
-            "cancelled_responses": sum(1 for t in results if t.response is not None
-                                       and t.response.status == CANCELLED),
+            "cancelled_responses": sum(1 for t in results if _status(t) == CANCELLED),
             "barge_in_reaction_ms": summarize(t.barge_in_ms for t in results),
         })
     return row
@@ -82,21 +125,28 @@ def run_benchmark(targets: dict[str, str], levels: Sequence[int], pcm: bytes, tu
                   interruption: bytes | None = None) -> dict[str, list[dict[str, Any]]]:
     """For each target (name → URL), each concurrency level in turn; the `transcribed` targets'
     sessions ask for input transcription, the `duplex` ones use the duplex lane (and, with
-    `interruption`, barge in on every answer)."""
-    return {name: run_levels(name, levels, lambda sessions, name=name, url=url: asyncio.run(run_level(
-        url, pcm, sessions, turns, model=model, server_vad=server_vad, transcribe=name in transcribed,
-        duplex=name in duplex, interruption=interruption if name in duplex else None)))
-        for name, url in targets.items()}
+    `interruption`, barge in on every answer: two responses a turn)."""
+    results = {}
+    for name, url in targets.items():
+        barge_in = interruption if name in duplex else None
+        level = level_runner(run_level, url, pcm, turns, model=model, server_vad=server_vad,
+                             transcribe=name in transcribed, duplex=name in duplex, interruption=barge_in)
+        results[name] = run_levels(name, levels, level, answers_per_session=turns * (1 if barge_in is None else 2),
+                                   unit="turns" if barge_in is None else "responses")
+    return results
 
 
 def format_table(results: dict[str, list[dict[str, Any]]]) -> str:
-    """One line per target and level; barge-in columns when some target measured barge-ins."""
+    """One line per target and level; `stalls` counts playback stalls, `buf min` / `buf p50` are
+    the minimum and median over answers of each answer's least buffer (ms); barge-in columns
+    when some target measured barge-ins."""
     def cell(value: Any, digits: int = 1) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
     barge_in = any(row.get("barge_in_reaction_ms", {}).get("count") for rows in results.values() for row in rows)
     header = (f"{'target':10s} {'sessions':>8s} {'done':>7s} {'errors':>6s} {'TTFT p50':>9s} {'TTFP p50':>9s} "
-              f"{'TTFP p95':>9s} {'RTF p50':>8s} {'RTF p95':>8s} {'audio s/s':>9s} {'lost':>4s}")
+              f"{'TTFP p95':>9s} {'RTF p50':>8s} {'RTF p95':>8s} {'audio s/s':>9s} {'lost':>4s} {'stalls':>6s} "
+              f"{'buf min':>8s} {'buf p50':>8s}")
     lines = [header + (f" {'barge p50':>9s} {'barge p95':>9s}" if barge_in else "")]
     for name, rows in results.items():
         for row in rows:
@@ -104,7 +154,8 @@ def format_table(results: dict[str, list[dict[str, Any]]]) -> str:
                     f"{row['error_events'] + row['failed_sessions']:6d} {cell(row['ttft_ms']['p50']):>9s} "
                     f"{cell(row['ttfp_ms']['p50']):>9s} {cell(row['ttfp_ms']['p95']):>9s} "
                     f"{cell(row['rtf']['p50'], 3):>8s} {cell(row['rtf']['p95'], 3):>8s} "
-                    f"{row['audio_s_per_wall_s']:9.2f} {row['lost_audio_turns']:4d}")
+                    f"{row['audio_s_per_wall_s']:9.2f} {row['lost_audio_turns']:4d} {row['stalls']:6d} "
+                    f"{cell(row['min_buffer_ms']['min']):>8s} {cell(row['min_buffer_ms']['p50']):>8s}")
             if barge_in:
                 reaction = row.get("barge_in_reaction_ms", {})
                 line += f" {cell(reaction.get('p50')):>9s} {cell(reaction.get('p95')):>9s}"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 
 def write_json(out_dir: Path, name: str, settings: dict[str, Any], results: Any) -> Path:
@@ -27,13 +28,44 @@ def pyplot() -> Any:
     return plt
 
 
-def run_levels(name: str, levels: Sequence[int], run_level: Callable[[int], dict[str, Any]]) -> list[dict[str, Any]]:
-    """`run_level(sessions)` for each level in turn, saying on stderr what runs and how it went
-    (a level can take minutes)."""
+class Answer(Protocol):
+    """A finished answer of a benchmark session (client/turns.py's TurnResult, client/chat.py's ChatTurn)."""
+
+    @property
+    def metrics(self) -> dict[str, Any]: ...
+
+
+class Progress:
+    """Called with each answer as it ends: says on stderr how many of the level's `total`
+    answers are done and the last one's TTFP, at most once per `interval_s`; always once all are."""
+
+    def __init__(self, prefix: str, total: int, unit: str = "turns", *, interval_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.prefix, self.total, self.unit = prefix, total, unit
+        self.interval_s, self.clock = interval_s, clock
+        self.done = 0
+        self.printed_at: float | None = None
+
+    def __call__(self, answer: Answer) -> None:
+        self.done += 1
+        now = self.clock()
+        if self.done < self.total and self.printed_at is not None and now - self.printed_at < self.interval_s:
+            return
+        self.printed_at = now
+        ttfp = answer.metrics.get("ttfp_ms")
+        print(f"{self.prefix}: {self.done}/{self.total} {self.unit} done (TTFP last "
+              f"{'-' if ttfp is None else f'{ttfp:.0f} ms'})", file=sys.stderr, flush=True)
+
+
+def run_levels(name: str, levels: Sequence[int], run_level: Callable[[int, Progress], dict[str, Any]], *,
+               answers_per_session: int, unit: str = "turns") -> list[dict[str, Any]]:
+    """`run_level(sessions, progress)` for each level in turn, saying on stderr what runs, how
+    far it got (`progress`, to call with each answer of its `answers_per_session` per session,
+    counted in `unit`) and how it went (a level can take minutes)."""
     rows = []
     for sessions in levels:
         print(f"{name}: {sessions} concurrent session(s)…", file=sys.stderr, flush=True)
-        row = run_level(sessions)
+        row = run_level(sessions, Progress(f"{name}: {sessions} session(s)", sessions * answers_per_session, unit))
         print(f"{name}: {sessions} session(s): {row['completed_turns']}/{row['turns']} turns completed in "
               f"{row['wall_s']:.1f} s", file=sys.stderr, flush=True)
         rows.append(row)

@@ -48,13 +48,17 @@ def _given(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
 
 
 def format_turns(metrics: list[dict]) -> list[str]:
+    """One line per turn: timing, and what a listener heard: playback stalls (how many, how
+    long in all) and the least audio buffered ahead of the playhead (client/playback.py)."""
     def cell(value, digits: int) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
-    lines = [f"{'turn':>4s} {'TTFT ms':>9s} {'TTFP ms':>9s} {'RTF':>7s} {'audio s':>8s} {'chunks':>6s}"]
+    lines = [f"{'turn':>4s} {'TTFT ms':>9s} {'TTFP ms':>9s} {'RTF':>7s} {'audio s':>8s} {'chunks':>6s} "
+             f"{'stalls':>6s} {'stall ms':>8s} {'min buf ms':>10s}"]
     for number, m in enumerate(metrics, 1):
         lines.append(f"{number:4d} {cell(m['ttft_ms'], 1):>9s} {cell(m['ttfp_ms'], 1):>9s} {cell(m['rtf'], 3):>7s} "
-                     f"{m['audio_duration_ms'] / 1000:8.2f} {m['chunk_count']:6d}")
+                     f"{m['audio_duration_ms'] / 1000:8.2f} {m['chunk_count']:6d} {m['stall_count']:6d} "
+                     f"{m['stall_ms']:8.1f} {cell(m['min_buffer_ms'], 1):>10s}")
     return lines
 
 

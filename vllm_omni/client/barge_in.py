@@ -11,7 +11,7 @@ is one append: the microphone sends 40 ms at a time).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm_omni.client.collector import collect
@@ -51,14 +51,16 @@ def reaction_ms(conn: RealtimeConnection, events: Sequence[dict[str, Any]]) -> f
 
 async def run_barge_in_session(url: str, question: bytes, interruption: bytes, *, turns: int = 1,
                                model: str | None = None, chunk_ms: int = 40, answer_timeout_s: float = 300.0,
-                               headers: dict[str, str] | None = None, transcribe: bool = False) -> SessionResult:
+                               headers: dict[str, str] | None = None, transcribe: bool = False,
+                               on_turn: Callable[[TurnResult], None] | None = None) -> SessionResult:
     """A duplex session with a live microphone (16 kHz PCM16, real time). Each turn: say
     `question`; once its answer's first audio arrives, say `interruption`. The turn gives two
     results: the interrupted answer (its `barge_in_ms` set; None if it completed before the
     server heard the interruption) and the answer to the interruption, whose playback is
     acknowledged. The interruption's lead-in silence is left out: a user who speaks over an
     answer makes sound at once, and a quiet start would let short answers end first. TTFT/TTFP
-    count from `response.created` (server-VAD turns, §12)."""
+    count from `response.created` (server-VAD turns, §12). `on_turn` is called with each
+    result once its turn has ended."""
     interruption = without_lead_in(interruption)
     update = ga_session_update(model=model, server_vad=True, vad=BARGE_IN_VAD,
                                transcription={"model": model or "default"} if transcribe else None)
@@ -77,6 +79,8 @@ async def run_barge_in_session(url: str, question: bytes, interruption: bytes, *
                 interrupted = record.status == CANCELLED
                 result.turns.append(TurnResult(record, response_metrics(record.events, None),
                                                reaction if interrupted else None))
+                if on_turn is not None:
+                    on_turn(result.turns[-1])
                 if record.audio and not interrupted:  # a cancelled answer's history is cut already (§13.5)
                     await conn.ack_playback(record.response_id, record.audio_ms)
     return result

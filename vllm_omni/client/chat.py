@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from openai import AsyncOpenAI
 
+from vllm_omni.client.playback import playback_metrics
+from vllm_omni.client.timing import pcm16_ms
 from vllm_omni.client.wav import wav_bytes
 
 OUTPUT_RATE = 24000  # OpenAI's streamed pcm16: 24 kHz mono, little-endian
@@ -36,11 +38,15 @@ class ChatTurn:
     ttfp_ms: float | None = None
     last_audio_ms: float | None = None
     total_ms: float = 0.0
-    chunk_count: int = 0
+    chunks: list[tuple[float, float]] = field(default_factory=list)  # (receive ms, duration ms) per audio piece
+
+    @property
+    def chunk_count(self) -> int:
+        return len(self.chunks)
 
     @property
     def audio_duration_ms(self) -> float:
-        return len(self.pcm) * 1000 / (2 * self.sample_rate)
+        return pcm16_ms(len(self.pcm), self.sample_rate)
 
     @property
     def rtf(self) -> float | None:
@@ -51,10 +57,10 @@ class ChatTurn:
 
     @property
     def metrics(self) -> dict[str, Any]:
-        """The per-turn keys of the realtime client's metrics (`response_metrics`)."""
+        """The per-turn keys of the realtime client's metrics (`response_metrics`), playback included."""
         return {"ttft_ms": self.ttft_ms, "ttfp_ms": self.ttfp_ms, "rtf": self.rtf,
                 "audio_duration_ms": self.audio_duration_ms, "chunk_count": self.chunk_count,
-                "total_ms": self.total_ms}
+                "total_ms": self.total_ms, **playback_metrics(self.chunks)}
 
     @property
     def assistant_message(self) -> dict[str, Any]:
@@ -104,8 +110,9 @@ async def _collect(stream: AsyncIterator[Any], turn: ChatTurn, t0: float) -> Non
             turn.ttft_ms = ms if turn.ttft_ms is None else turn.ttft_ms
         data = _field(audio, "data")
         if data:
-            pcm += base64.b64decode(data)
-            turn.chunk_count += 1
+            piece = base64.b64decode(data)
+            pcm += piece
+            turn.chunks.append((ms, pcm16_ms(len(piece), turn.sample_rate)))
             turn.ttfp_ms = ms if turn.ttfp_ms is None else turn.ttfp_ms
             turn.last_audio_ms = ms
     turn.pcm = bytes(pcm)
@@ -139,9 +146,11 @@ async def stream_chat(base_url: str, *, wav_pcm16: bytes | None = None, text: st
 
 async def run_chat(base_url: str, wav_pcm16: bytes, *, turns: int = 1, text: str | None = None,
                    image_url: str | None = None, model: str | None = None, voice: str = DEFAULT_VOICE,
-                   api_key: str | None = None, max_tokens: int | None = None) -> list[ChatTurn]:
+                   api_key: str | None = None, max_tokens: int | None = None,
+                   on_turn: Callable[[ChatTurn], None] | None = None) -> list[ChatTurn]:
     """One conversation of `turns` questions, each the same speech (and `text`; the image goes
-    with the first only), the earlier questions and answers as history."""
+    with the first only), the earlier questions and answers as history; `on_turn` is called
+    with each answer as it ends."""
     answers: list[ChatTurn] = []
     for number in range(turns):
         previous = answers[-1] if answers else None
@@ -149,4 +158,6 @@ async def run_chat(base_url: str, wav_pcm16: bytes, *, turns: int = 1, text: str
             base_url, wav_pcm16=wav_pcm16, text=text, image_url=None if number else image_url,
             model=previous.model if previous else model, voice=voice, api_key=api_key, max_tokens=max_tokens,
             history=previous.messages if previous else ()))
+        if on_turn is not None:
+            on_turn(answers[-1])
     return answers

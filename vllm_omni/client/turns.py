@@ -5,7 +5,7 @@ acknowledge its playback, repeat; with the timing of every turn. On the GA lane 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,11 +89,12 @@ async def show_image(conn: RealtimeConnection, path: str | Path, timeout: float 
 async def run_session(url: str, pcm: bytes, *, turns: int = 1, model: str | None = None, server_vad: bool = False,
                       realtime: bool = True, chunk_ms: int = 200, answer_timeout_s: float = 300.0,
                       headers: dict[str, str] | None = None, transcribe: bool = False, duplex: bool = False,
-                      image: str | Path | None = None) -> SessionResult:
+                      image: str | Path | None = None,
+                      on_turn: Callable[[TurnResult], None] | None = None) -> SessionResult:
     """Speak `pcm` (16 kHz PCM16) `turns` times, after showing `image` if given. Manual turns
     commit and ask for a response; with server VAD the server decides (1.5 s of silence
     follows the speech). TTFT/TTFP count from the commit's send time, or (server VAD) from
-    `response.created`."""
+    `response.created`. `on_turn` is called with each turn's result as it ends."""
     update = ga_session_update(model=model, server_vad=server_vad,
                                transcription={"model": model or "default"} if transcribe else None)
     conn = await open_session(url, update, duplex=duplex, headers=headers)
@@ -112,6 +113,8 @@ async def run_session(url: str, pcm: bytes, *, turns: int = 1, model: str | None
             record = collect(conn.events[first:]).responses.get((done.get("response") or {}).get("id"))
             t0 = None if server_vad else conn.commit_times[-1]  # None: from response.created (docs/realtime-api.md §12)
             result.turns.append(TurnResult(record, response_metrics(record.events if record else [], t0)))
+            if on_turn is not None:
+                on_turn(result.turns[-1])
             if record is not None and record.audio:
                 await conn.ack_playback(record.response_id, record.audio_ms)
     return result
