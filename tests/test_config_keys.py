@@ -26,6 +26,7 @@ from vllm_omni.config import (
     ConnectorConfig,
     DeployConfig,
     EngineArgs,
+    PlaybackPacing,
     SamplingParams,
     SessionDefaults,
     StageConfig,
@@ -90,7 +91,7 @@ def read_outside_config() -> dict[str, list[str]]:
 
 def test_the_walk_reaches_every_schema_model() -> None:
     assert set(schema_models()) == {DeployConfig, StageConfig, EngineArgs, SamplingParams, ConnectorConfig,
-                                    CodecChunking, SessionDefaults}
+                                    CodecChunking, SessionDefaults, PlaybackPacing}
 
 
 @pytest.mark.parametrize(("model", "key"), SCHEMA_KEYS, ids=[f"{m.__name__}.{k}" for m, k in SCHEMA_KEYS])

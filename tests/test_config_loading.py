@@ -38,7 +38,8 @@ def test_production_layout() -> None:
     assert (thinker.backend, talker.backend, code2wav.backend) == ("vllm", "vllm", "torch")
     chunking = next(c for c in config.connectors if c.to_stage == 2).extra
     assert (chunking.initial_codec_chunk_frames, chunking.codec_chunk_frames,
-            chunking.codec_left_context_frames) == (4, 25, 25)
+            chunking.codec_left_context_frames, chunking.ramp_codec_chunks) == (1, 25, 25, True)
+    assert config.playback_pacing.enabled
     sampling = talker.default_sampling_params
     assert (sampling.seed, sampling.temperature, sampling.top_k, sampling.repetition_penalty,
             sampling.max_tokens) == (42, 0.9, 50, 1.05, 4096)

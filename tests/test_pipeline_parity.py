@@ -95,9 +95,12 @@ def test_equals_transformers_generate(case: str, setting: str, reference, engine
 def test_chunk_sizes_follow_the_connector(engines) -> None:
     ours = asyncio.run(run_request(engines["async-4-25"], engine_request("text")))
     samples = [len(c.pcm16) // 2 for c in ours["chunks"]]
-    # 4 frames minus the decoder's 555-sample look-ahead, then 25 frames per chunk.
+    # 4 frames minus the decoder's 555-sample look-ahead, then chunks growing by half the
+    # frames sent so far (ramp_codec_chunks), up to 25 frames per chunk.
+    frames = [4, 4, 4, 6, 9, 13, 20] + [25] * len(samples)
     assert samples[0] == 4 * 1920 - 555
-    assert all(n == 25 * 1920 for n in samples[1:-1])
+    assert samples[1:-1] == [n * 1920 for n in frames[1:len(samples) - 1]]
+    assert len(samples) > 4  # the ramp was exercised
     sync = asyncio.run(run_request(engines["sync"], engine_request("text")))
     assert len(sync["chunks"]) == 1
     assert sync["pcm"].shape == ours["pcm"].shape

@@ -13,11 +13,19 @@ FRAME = tuple(range(16))
 
 
 def test_chunker_cuts_initial_then_regular_chunks() -> None:
-    chunker = CodecChunker(CodecChunking(initial_codec_chunk_frames=2, codec_chunk_frames=3), streaming=True)
+    chunking = CodecChunking(initial_codec_chunk_frames=2, codec_chunk_frames=3, ramp_codec_chunks=False)
+    chunker = CodecChunker(chunking, streaming=True)
     sizes = [chunk.shape[1] for chunk in (chunker.add(FRAME) for _ in range(9)) if chunk is not None]
     assert sizes == [2, 3, 3]
     assert chunker.flush().shape == (16, 1)
     assert chunker.flush().shape == (16, 0)
+
+
+def test_ramped_chunks_grow_by_half_the_audio_sent_up_to_the_regular_size() -> None:
+    chunker = CodecChunker(CodecChunking(initial_codec_chunk_frames=1, codec_chunk_frames=25), streaming=True)
+    sizes = [chunk.shape[1] for chunk in (chunker.add(FRAME) for _ in range(110)) if chunk is not None]
+    assert sizes == [1, 1, 1, 1, 2, 3, 4, 6, 9, 14, 21, 25]
+    assert chunker.flush().shape == (16, 110 - sum(sizes))
 
 
 def test_chunker_without_streaming_holds_everything() -> None:

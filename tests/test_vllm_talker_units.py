@@ -4,14 +4,18 @@ path runs on real engines in test_vllm_backend.py."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import pytest
 import torch
 
-from vllm_omni.engine.backends.vllm.engine_driver import visible_device_ids
+from vllm_omni.config import PlaybackPacing
+from vllm_omni.engine.backends.vllm.engine_driver import cpu_bind_mask, visible_device_ids
+from vllm_omni.engine.backends.vllm.holding_scheduler import PACE, external_request_id
 from vllm_omni.engine.backends.vllm.tensor_wire import tensor_from_wire, tensor_to_wire
-from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import TEXT_FEED, TextFeed, external_request_id
+from vllm_omni.engine.pacing import PaceSnapshot
+from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import TEXT_FEED, TextFeed
 from vllm_omni.models.qwen3_omni.vllm_backend.talker_gate import _TextGateMixin
 
 EOS, PAD = 90, 91
@@ -50,13 +54,13 @@ class FakeScheduler:
 
     def __init__(self, running: list[FakeRequest]):
         self.running = running
-        self.max_num_running_reqs = 8
+        self.max_num_running_reqs = self.max_num_active_reqs = 8
         self.seen: list[list[str]] = []
-        self.limits: list[int] = []
+        self.limits: list[tuple[int, int]] = []
 
     def schedule(self) -> FakeOutput:
         self.seen.append([r.request_id for r in self.running])
-        self.limits.append(self.max_num_running_reqs)
+        self.limits.append((self.max_num_running_reqs, self.max_num_active_reqs))
         return FakeOutput(len(self.running))
 
 
@@ -74,15 +78,40 @@ def test_gate_holds_requests_whose_text_row_is_missing() -> None:
         scheduler = GatedFake([prefilling, waiting, ready])
         assert scheduler.schedule().total_num_scheduled_tokens == 2
         assert scheduler.seen[-1] == ["pre-00000001", "ready-00000003"]
-        assert scheduler.limits[-1] == 7  # the held request keeps its seat
+        assert scheduler.limits[-1] == (7, 7)  # the held request keeps its seat: nobody is admitted to it
         assert [r.request_id for r in scheduler.running] == ["wait-00000002", "pre-00000001", "ready-00000003"]
-        assert scheduler.max_num_running_reqs == 8
+        assert (scheduler.max_num_running_reqs, scheduler.max_num_active_reqs) == (8, 8)
         TEXT_FEED.push("wait", [2], finished=False)
         scheduler.schedule()
         assert len(scheduler.seen[-1]) == 3
     finally:
         TEXT_FEED.forget("wait")
         TEXT_FEED.forget("ready")
+
+
+def test_playback_pacing_holds_the_answer_far_ahead_while_a_listener_waits() -> None:
+    now = time.monotonic()
+    ahead = FakeRequest("ahead-00000001", num_prompt_tokens=10, num_computed_tokens=10)
+    new = FakeRequest("new-00000002", num_prompt_tokens=10, num_computed_tokens=0)
+    TEXT_FEED.push("ahead", [1], finished=False)
+    PACE.snapshot = PaceSnapshot(PlaybackPacing(), {"ahead": (now, 30.0), "new": (None, 0.0)})
+    try:
+        scheduler = GatedFake([ahead, new])
+        scheduler.schedule()
+        assert scheduler.seen[-1] == ["new-00000002"]
+        PACE.snapshot = PaceSnapshot(PlaybackPacing(), {"ahead": (now, 30.0), "new": (now, 3.0)})  # heard
+        scheduler.schedule()
+        assert scheduler.seen[-1] == ["ahead-00000001", "new-00000002"]
+    finally:
+        PACE.snapshot = None
+        TEXT_FEED.forget("ahead")
+
+
+def test_cpu_cores_become_vllm_thread_binding_per_rank() -> None:
+    assert cpu_bind_mask([1], 1) == "1"
+    assert cpu_bind_mask([0, 1, 2, 3], 2) == "0,1|2,3"
+    with pytest.raises(ValueError, match="needs as many cores"):
+        cpu_bind_mask([0], 2)
 
 
 def test_stage_devices_are_numbered_as_this_process_sees_them() -> None:
@@ -120,7 +149,7 @@ class StandInEngine:
 def test_frame_pump_serves_waiting_requests_with_one_call() -> None:
     import asyncio
 
-    from vllm_omni.models.qwen3_omni.vllm_backend.talker import FramePump
+    from vllm_omni.models.qwen3_omni.vllm_backend.rpc_pumps import FramePump
 
     async def scenario():
         engine = StandInEngine()
@@ -133,5 +162,41 @@ def test_frame_pump_serves_waiting_requests_with_one_call() -> None:
         failing = FramePump(StandInEngine(fail=True))
         with pytest.raises(RuntimeError, match="engine dead"):
             await failing.take("a")
+
+    asyncio.run(scenario())
+
+
+class StandInFeed:
+    """Answers `omni_push_texts` after a short delay; records each call's pushes."""
+
+    def __init__(self):
+        self.calls: list[list[list]] = []
+
+    async def collective_rpc(self, method: str, args: tuple) -> list[None]:
+        import asyncio
+
+        assert method == "omni_push_texts"
+        self.calls.append(args[0])
+        await asyncio.sleep(0.05)
+        return [None]
+
+
+def test_text_pump_sends_every_waiting_request_in_one_call_and_settles_before_a_forget() -> None:
+    import asyncio
+
+    from vllm_omni.models.qwen3_omni.vllm_backend.rpc_pumps import TextPump
+
+    async def scenario():
+        engine = StandInFeed()
+        pump = TextPump(engine)
+        first = asyncio.create_task(pump.push("a", [1, 2], False))
+        await asyncio.sleep(0.01)  # a's push is in flight; b and c wait for the next call together
+        later = asyncio.gather(pump.push("b", [3], False), pump.push("c", [4], True))
+        await asyncio.sleep(0.01)
+        await pump.settle("c")  # c's push had not left yet: dropped
+        await asyncio.wait_for(first, 1)
+        await asyncio.sleep(0.1)
+        assert engine.calls == [[["a", [1, 2], False]], [["b", [3], False]]]
+        later.cancel()
 
     asyncio.run(scenario())

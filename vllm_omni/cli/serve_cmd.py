@@ -72,8 +72,10 @@ def serve_model(args: argparse.Namespace) -> int:
         native_duplex=native_duplex_settings(defaults),
         **{name: value for name, value in limits.items() if value is not None})
     app = create_app(engine, settings)
+    # No per-message deflate: the traffic is mostly base64 audio, which compresses little, and
+    # compressing it cost the serving path more CPU than anything but code2wav under load.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, ws_max_size=16 * 1024 * 1024,
-                ws_ping_interval=20, ws_ping_timeout=20)
+                ws_ping_interval=20, ws_ping_timeout=20, ws_per_message_deflate=False)
     return 0
 
 

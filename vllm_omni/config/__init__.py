@@ -13,13 +13,14 @@ from vllm_omni.config.schema import (
     ConnectorConfig,
     DeployConfig,
     EngineArgs,
+    PlaybackPacing,
     SamplingParams,
     SessionDefaults,
     StageConfig,
 )
 
 __all__ = [
-    "CodecChunking", "ConfigError", "ConnectorConfig", "DeployConfig", "EngineArgs", "SamplingParams",
-    "SessionDefaults", "StageConfig", "config_to_yaml", "detect_platform",
+    "CodecChunking", "ConfigError", "ConnectorConfig", "DeployConfig", "EngineArgs", "PlaybackPacing",
+    "SamplingParams", "SessionDefaults", "StageConfig", "config_to_yaml", "detect_platform",
     "get_deploy_config_path", "load_deploy_config", "modify_stage_config",
 ]

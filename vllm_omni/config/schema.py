@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 # vLLM 0.32's limit for a modality missing from `limit_mm_per_prompt`
 # (MultiModalConfig.get_limit_per_prompt); the torch backend applies the same default.
@@ -64,6 +74,9 @@ class StageConfig(_Strict):
     role: Literal["encoder", "thinker", "talker", "code2wav", "vocoder", "llm"]
     backend: Literal["vllm", "torch"]
     devices: list[NonNegativeInt] = Field(default_factory=lambda: [0])
+    # CPU platform, vLLM stages: the cores the engine's compute threads are bound to (vLLM's
+    # VLLM_CPU_OMP_THREADS_BIND); unset, vLLM binds every engine to the same cores itself.
+    cpu_cores: list[NonNegativeInt] | None = None
     engine_args: EngineArgs = Field(default_factory=EngineArgs)
     default_sampling_params: SamplingParams = Field(default_factory=SamplingParams)
     # vLLM stages only: when the stage's engine dies, its in-flight requests fail (as they
@@ -77,6 +90,9 @@ class CodecChunking(_Strict):
 
     initial_codec_chunk_frames: PositiveInt = 4
     codec_chunk_frames: PositiveInt = 25
+    # After the first chunk, each chunk is half as long as all before it together (up to
+    # codec_chunk_frames), so the audio already sent covers the time the next chunk takes.
+    ramp_codec_chunks: bool = True
     codec_left_context_frames: NonNegativeInt = 25
 
 
@@ -118,6 +134,23 @@ class SessionDefaults(_Strict):
     test_decisions: bool = False
 
 
+class PlaybackPacing(_Strict):
+    """Playback-deadline scheduling (engine/pacing.py): while a listener waits for first audio
+    or has less than `urgent_lead_s` of audio queued, answers more than `yield_lead_s` ahead
+    of their listener sit out the stage steps."""
+
+    enabled: bool = True
+    urgent_lead_s: NonNegativeFloat = 0.5
+    yield_lead_s: NonNegativeFloat = 2.5
+
+    @model_validator(mode="after")
+    def _yield_above_urgent(self) -> PlaybackPacing:
+        if self.yield_lead_s < self.urgent_lead_s:
+            raise ValueError(f"yield_lead_s ({self.yield_lead_s}) must not be below urgent_lead_s "
+                             f"({self.urgent_lead_s}): an answer that yields must not be urgent itself")
+        return self
+
+
 class DeployConfig(_Strict):
     """A whole deploy config, as it stands after `base_config` and platform merges."""
 
@@ -126,6 +159,7 @@ class DeployConfig(_Strict):
     # `duplex_session` is the deprecated name of this section (the loader warns when a file uses it).
     session_defaults: SessionDefaults = Field(
         default_factory=SessionDefaults, validation_alias=AliasChoices("session_defaults", "duplex_session"))
+    playback_pacing: PlaybackPacing = Field(default_factory=PlaybackPacing)
     connectors: list[ConnectorConfig] = Field(default_factory=list)
     stages: list[StageConfig] = Field(min_length=1)
 

@@ -24,17 +24,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 
 from vllm_omni.audio.pcm import float_to_pcm16
-from vllm_omni.config import SamplingParams
-from vllm_omni.config.errors import describe_validation_error
 from vllm_omni.engine.backends.async_stage import AsyncEngineStage
 from vllm_omni.engine.backends.step_worker import StageWorker
 from vllm_omni.engine.detokenizer import IncrementalDetokenizer
 from vllm_omni.engine.family import ModelFamily, Route, ToolCallParser
 from vllm_omni.engine.graph import check_stage_graph, stage_name
-from vllm_omni.engine.prompting import render_conversation
+from vllm_omni.engine.pacing import PlaybackPacer
+from vllm_omni.engine.prompting import render_conversation, request_sampling
 from vllm_omni.engine.request import (
     AudioChunk,
     AudioInputStream,
@@ -71,6 +69,7 @@ class _Record:
     prompt_tokens: int
     image_tokens: int  # of prompt_tokens
     input_audio_tokens: int  # of prompt_tokens
+    cached_tokens: int = 0  # of prompt_tokens, from the text stage's prefix cache
     tool_parser: ToolCallParser | None = None  # when the request offers tools
     tool_calls: list[ToolCall] = field(default_factory=list)
     stops: StopStrings[object] | None = None  # holds the text stage's events when the request has stop strings
@@ -96,6 +95,8 @@ class OmniEngine:
             self.workers[role] = stage_kind(role, program, self._on_event, self._on_error,
                                             max_active=self.deploy.stage_by_role(role).engine_args.max_num_seqs or 8)
         self.max_requests = max_waiting_factor * self.workers[family.text_role].max_active
+        self.pacer = PlaybackPacer(self.deploy.playback_pacing)
+        self.pacer.listeners = [worker.update_pace for worker in self.workers.values()]
         for worker in self.workers.values():
             worker.start()
         self._stopping = threading.Event()
@@ -175,26 +176,6 @@ class OmniEngine:
 
     # Admission --------------------------------------------------------------------------
 
-    def _sampling(self, request: OmniRequest) -> dict[str, SamplingParams]:
-        unknown = set(request.sampling) - set(self.family.roles)
-        if unknown:
-            raise RequestError(f"sampling: no stage with role {sorted(unknown)[0]!r} "
-                               f"(roles: {', '.join(self.family.roles)})")
-        return {role: self._stage_sampling(request, role) for role in self.family.roles}
-
-    def _stage_sampling(self, request: OmniRequest, role: str) -> SamplingParams:
-        defaults = self.deploy.stage_by_role(role).default_sampling_params
-        overrides = request.sampling.get(role, {})
-        generic = {"seed": request.seed if defaults.seed is None else None}
-        if role == self.family.text_role:
-            generic |= {"max_tokens": request.max_output_tokens, "temperature": request.temperature,
-                        "top_p": request.top_p}
-        overrides = {**{k: v for k, v in generic.items() if v is not None}, **overrides}
-        try:
-            return SamplingParams.model_validate({**defaults.model_dump(), **overrides})
-        except ValidationError as exc:
-            raise RequestError("; ".join(describe_validation_error(exc, ("sampling", role)))) from None
-
     def _stage_names(self, roles: list[str]) -> str:
         return ", ".join(stage_name(self.deploy, role) for role in roles)
 
@@ -206,7 +187,7 @@ class OmniEngine:
         if unknown or "text" not in request.modalities:
             raise RequestError(f"modalities: expected 'text' or 'text'+'audio', got {list(request.modalities)}")
         wants_audio = "audio" in request.modalities
-        sampling = self._sampling(request)
+        sampling = request_sampling(self.family, request)
         speaker = request.speaker or self.default_speaker
         if wants_audio and speaker is not None:
             try:
@@ -222,6 +203,8 @@ class OmniEngine:
             if len(self._records) >= self.max_requests:
                 raise EngineBusyError(f"engine is at capacity ({self.max_requests} requests); retry later")
             route, messages = self.family.start(request.request_id, prompt, sampling, speaker, wants_audio, forced)
+            if wants_audio:
+                self.pacer.add(request.request_id)
             record = _Record(request=request, loop=asyncio.get_running_loop(), queue=asyncio.Queue(),
                              route=route, detokenizer=IncrementalDetokenizer(self.family.tokenizer),
                              prompt_tokens=len(prompt), image_tokens=prompt.image_tokens,
@@ -267,6 +250,7 @@ class OmniEngine:
     def _route(self, record: _Record, role: str, event: object) -> None:
         if isinstance(event, StageDone) and role == self.family.text_role:
             record.finish_reason = FinishReason(event.reason)
+            record.cached_tokens = event.cached_prompt_tokens
             if record.tool_parser is not None:
                 self._push_tool_call(record, record.tool_parser.finish())
         self._submit(record.request.request_id, role, self.family.route(record.route, role, event))
@@ -310,6 +294,7 @@ class OmniEngine:
         start_s = record.audio_samples / event.sample_rate
         record.audio_samples += len(event.samples)
         record.sample_rate = event.sample_rate
+        self.pacer.delivered(record.request.request_id, len(event.samples) / event.sample_rate)
         if record.first_audio_s is None:
             record.first_audio_s = since_arrival
         pcm = float_to_pcm16(np.asarray(event.samples)).astype("<i2").tobytes()
@@ -363,6 +348,7 @@ class OmniEngine:
         record.finished = True
         request_id = record.request.request_id
         self._records.pop(request_id, None)
+        self.pacer.forget(request_id)
         for worker in self.workers.values():  # also after a normal end: a downstream stage that
             worker.drop(request_id)  # ended first leaves the upstream ones with nothing to do
         reason = FinishReason(reason)
@@ -371,7 +357,7 @@ class OmniEngine:
         if text_role in metrics:
             metrics[text_role] = replace(metrics[text_role], finish_reason=reason)
         usage = Usage(prompt_tokens=record.prompt_tokens, image_tokens=record.image_tokens,
-                      input_audio_tokens=record.input_audio_tokens,
+                      input_audio_tokens=record.input_audio_tokens, cached_tokens=record.cached_tokens,
                       # text tokens include those writing tool calls
                       text_tokens=metrics[text_role].outputs if text_role in metrics else 0,
                       audio_tokens=metrics[audio_role].outputs if audio_role in metrics else 0)

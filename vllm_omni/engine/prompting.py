@@ -5,7 +5,8 @@ Messages become the Hugging Face chat-template shape (content parts of type 'ima
 family's decoded images and the audio features; the family renders them. When the
 conversation holds more items of a modality than the text stage's `limit_mm_per_prompt`,
 the oldest items of that modality go first; when it outgrows the context, the oldest turns
-are left out (system instructions and the current turn always stay).
+are left out (system instructions and the current turn always stay). Also each stage's
+sampling parameters for a request (`request_sampling`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from vllm_omni.audio.pcm import validate_model_audio
+from vllm_omni.config import SamplingParams
+from vllm_omni.config.errors import describe_validation_error
 from vllm_omni.engine.family import ModelFamily, Prompt
-from vllm_omni.engine.request import Message, RequestError
+from vllm_omni.engine.request import Message, OmniRequest, RequestError
 
 MEDIA = ("image", "audio")  # content part types carrying a media input; also `limit_mm_per_prompt` keys
 
@@ -119,3 +124,25 @@ def decoded_images(family: ModelFamily, message: Message, where: str) -> list[An
         except ValueError as exc:
             raise RequestError(f"{where}.images[{i}]: {exc}") from None
     return decoded
+
+
+def request_sampling(family: ModelFamily, request: OmniRequest) -> dict[str, SamplingParams]:
+    """Each stage's sampling for `request`: the stage's defaults, then the request's generic
+    settings (text stage: max tokens, temperature, top_p; every stage: the seed unless its
+    defaults fix one), then the request's per-role overrides."""
+    unknown = set(request.sampling) - set(family.roles)
+    if unknown:
+        raise RequestError(f"sampling: no stage with role {sorted(unknown)[0]!r} (roles: {', '.join(family.roles)})")
+    return {role: _stage_sampling(family, request, role) for role in family.roles}
+
+
+def _stage_sampling(family: ModelFamily, request: OmniRequest, role: str) -> SamplingParams:
+    defaults = family.deploy.stage_by_role(role).default_sampling_params
+    generic = {"seed": request.seed if defaults.seed is None else None}
+    if role == family.text_role:
+        generic |= {"max_tokens": request.max_output_tokens, "temperature": request.temperature, "top_p": request.top_p}
+    overrides = {**{k: v for k, v in generic.items() if v is not None}, **request.sampling.get(role, {})}
+    try:
+        return SamplingParams.model_validate({**defaults.model_dump(), **overrides})
+    except ValidationError as exc:
+        raise RequestError("; ".join(describe_validation_error(exc, ("sampling", role)))) from None

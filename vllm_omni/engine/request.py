@@ -162,6 +162,7 @@ class Usage:
     input_audio_tokens: int = 0  # prompt positions holding audio (of prompt_tokens)
     text_tokens: int = 0  # generated text tokens
     audio_tokens: int = 0  # generated audio tokens (codec frames), 0 for a text-only answer
+    cached_tokens: int = 0  # of prompt_tokens: served from the text stage's prefix cache
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from vllm_omni.engine.pacing import PaceSnapshot
+
 Emit = Callable[[str, object], None]
 
 
@@ -41,6 +43,7 @@ class AudioSamples(StageOutput):
 class StageDone:
     reason: str  # "stop" | "length"
     outputs: int  # tokens, frames or chunks produced
+    cached_prompt_tokens: int = 0  # prompt positions an engine's prefix cache served (the text stage's)
 
 
 class StageProgram(Protocol):
@@ -81,6 +84,9 @@ class AsyncStageDriver(Protocol):
     def forget(self, request_id: str) -> None:
         """Free what `feed` kept for a request; called once its run has ended, however it
         ended (also when it was cancelled before it started)."""
+
+    async def push_pace(self, snapshot: PaceSnapshot) -> None:
+        """Hand the engine's scheduler the latest playback pacing (engine/pacing.py)."""
 
     async def shutdown(self) -> None:
         """Stop the engine."""

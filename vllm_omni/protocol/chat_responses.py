@@ -27,12 +27,13 @@ class TokenCounts:
     prompt_images: int
     text: int
     audio: int
+    cached: int = 0  # of prompt: served from the prefix cache
 
 
 def usage_object(counts: TokenCounts) -> dict[str, Any]:
     completion = counts.text + counts.audio
     return {"prompt_tokens": counts.prompt, "completion_tokens": completion, "total_tokens": counts.prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": counts.prompt_audio,
+            "prompt_tokens_details": {"cached_tokens": counts.cached, "audio_tokens": counts.prompt_audio,
                                       "image_tokens": counts.prompt_images,
                                       "text_tokens": counts.prompt - counts.prompt_audio - counts.prompt_images},
             "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": counts.audio,

@@ -169,11 +169,13 @@ def response_speak(*, session_id: str, epoch: int, response_id: str, item_id: st
 
 
 def response_done(*, response: dict[str, Any], stage_metrics: dict[str, Any], playback: dict[str, int],
-                  committed: bool) -> Wire:
+                  committed: bool, timing: dict[str, float] | None = None) -> Wire:
     """`response`: a `response_object`; its id is repeated as the event's `response_id`. The
     [EXT] report (`stage_metrics`, the final `playback` cursor (copied), whether the answer
-    entered the history as `committed`) goes in `vllm_omni`, outside the GA response."""
-    report = {"stage_metrics": stage_metrics, "playback": dict(playback), "committed": committed}
+    entered the history as `committed`, and the server-side `timing` marks) goes in
+    `vllm_omni`, outside the GA response."""
+    report = {"stage_metrics": stage_metrics, "playback": dict(playback), "committed": committed,
+              "timing": dict(timing or {})}
     return event(kinds.RESPONSE_DONE, response_id=response["id"], response=response, vllm_omni=report)
 
 

@@ -157,7 +157,7 @@ class ChatCompletion:
     def _usage(self, final: RequestFinished) -> dict[str, Any]:
         usage = final.usage
         return usage_object(TokenCounts(usage.prompt_tokens, usage.input_audio_tokens, usage.image_tokens,
-                                        usage.text_tokens, usage.audio_tokens))
+                                        usage.text_tokens, usage.audio_tokens, usage.cached_tokens))
 
     def _keep_answer(self, final: RequestFinished) -> None:
         if self.audio_id is not None:

@@ -94,6 +94,7 @@ class ResponseRun:
         self._audio_sent = False
         self._text_part = False
         self._started_at = time.monotonic()
+        self._marks: dict[str, float] = {}  # when the engine got the request, the first text, the first audio
         self._stage_metrics: dict[str, Any] = {}
         self.playback = {"generated_ms": 0, "sent_ms": 0, "played_ms": 0, "committed_ms": 0}
         self.text_marks: list[dict[str, int]] = []  # where each unit's text ends in the audio (fed responses)
@@ -134,7 +135,16 @@ class ResponseRun:
         if self.wants_audio:
             self._emit(content_part_added(**self._addr(0), part={"type": "audio", "transcript": ""}))
 
+    def _mark(self, name: str) -> None:
+        self._marks.setdefault(name, time.monotonic())
+
+    def timing(self) -> dict[str, float]:
+        """Milliseconds from the response's creation to each mark reached (the [EXT] `timing`
+        of `response.done`, docs/realtime-api.md §5.8)."""
+        return {f"{name}_ms": round((at - self._started_at) * 1000, 3) for name, at in self._marks.items()}
+
     async def _run(self, engine: EngineClient, request: OmniRequest) -> None:
+        self._mark("engine_request")
         try:
             async for output in engine.generate(request):
                 if self.done:
@@ -174,6 +184,7 @@ class ResponseRun:
 
     def _on_text(self, text: str) -> None:
         if not self.transcript:
+            self._mark("first_text")
             metrics.TTFT.observe(time.monotonic() - self._started_at)
         self.transcript += text
         self.item.text = self.transcript
@@ -188,6 +199,7 @@ class ResponseRun:
     def _on_audio(self, chunk: AudioChunk, *, text_chars: int | None = None, end_of_turn: bool = False) -> None:
         """`text_chars`: the transcript's length once this chunk's text is out (a text–audio mark)."""
         if not self._audio_sent:
+            self._mark("first_audio")
             metrics.TTFP.observe(time.monotonic() - self._started_at)
         self._audio_sent = True
         self.audio_started.set()
@@ -279,12 +291,12 @@ class ResponseRun:
             usage = {"total_tokens": prompt + text_tokens + audio_tokens, "input_tokens": prompt,
                      "output_tokens": text_tokens + audio_tokens,
                      "input_token_details": {"text_tokens": prompt - images - heard, "audio_tokens": heard,
-                                             "image_tokens": images, "cached_tokens": 0},
+                                             "image_tokens": images, "cached_tokens": final.usage.cached_tokens},
                      "output_token_details": {"text_tokens": text_tokens, "audio_tokens": audio_tokens}}
         output = [item, *(call.to_wire() for call in self.calls)]
         self._emit(response_done(response=self._response(status, status_details=details, output=output, usage=usage,
                                                          metadata=self.options.metadata),
-                                 stage_metrics=self._stage_metrics, playback=self.playback,
+                                 stage_metrics=self._stage_metrics, playback=self.playback, timing=self.timing(),
                                  committed=status is ResponseStatus.COMPLETED and not self.awaits_ack))
         self._emit(rate_limits_updated())
         metrics.RESPONSES.labels(status=status.value).inc()

@@ -18,12 +18,14 @@ import logging
 import threading
 
 from vllm_omni.engine.backends.step_worker import ErrorSink, EventSink
+from vllm_omni.engine.pacing import PaceSnapshot
 from vllm_omni.engine.stage_api import AsyncStageDriver
 
 logger = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 900.0  # an engine start on a small CPU machine takes about a minute
 STOP_TIMEOUT_S = 60.0
+PACE_TIMEOUT_S = 5.0
 
 
 class AsyncEngineStage:
@@ -37,6 +39,8 @@ class AsyncEngineStage:
         self._tasks: dict[str, asyncio.Task] = {}
         self.restarting = False
         self._restart_failed = False
+        self._pace: PaceSnapshot | None = None
+        self._pace_sender: asyncio.Task | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -47,6 +51,26 @@ class AsyncEngineStage:
 
     def drop(self, request_id: str) -> None:
         self._loop.call_soon_threadsafe(self._cancel, request_id)
+
+    def update_pace(self, snapshot: PaceSnapshot) -> None:
+        """Send the engine the latest playback pacing; snapshots that pile up while one is
+        on its way are skipped (only the newest matters)."""
+        self._pace = snapshot
+        if self._pace_sender is None or self._pace_sender.done():
+            self._loop.call_soon_threadsafe(self._start_pace_sender)
+
+    def _start_pace_sender(self) -> None:
+        if self._pace_sender is None or self._pace_sender.done():
+            self._pace_sender = self._loop.create_task(self._send_pace())
+
+    async def _send_pace(self) -> None:
+        sent = None
+        while self._pace is not sent:
+            sent = self._pace
+            try:
+                await asyncio.wait_for(self.driver.push_pace(sent), timeout=PACE_TIMEOUT_S)
+            except Exception as exc:  # pacing only reorders work: a lost snapshot is logged, not fatal
+                logger.warning("stage %s: playback pacing not delivered: %r", self.role, exc)
 
     def drop_all(self) -> None:
         """Drop every request (the stage died: a run may wait on its engine forever)."""

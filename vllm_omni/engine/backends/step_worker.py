@@ -6,7 +6,9 @@ polling round. Between any two steps it reads the inbox again, so an abort takes
 within one step. Only the `max_active` oldest requests of the stage (its `max_num_seqs`)
 are stepped; later ones wait, in arrival order, without holding KV cache. The program's
 own request table decides who is admitted, so a late message for a request that already
-ended in this stage cannot occupy a slot.
+ended in this stage cannot occupy a slot. Within a round, requests are stepped nearest
+playback deadline first, and answers far ahead of their listener sit the round out while
+another listener waits (engine/pacing.py).
 
 Why threads in one process (torch backend): all stages share the model weights loaded
 once, tensors pass between stages without copies, and torch kernels release the GIL, so
@@ -19,8 +21,10 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 
+from vllm_omni.engine.pacing import PaceSnapshot
 from vllm_omni.engine.stage_api import StageProgram
 
 logger = logging.getLogger(__name__)
@@ -41,6 +45,7 @@ class StageWorker:
         self.max_active = max_active
         self._inbox: queue.SimpleQueue[tuple[str, str, object]] = queue.SimpleQueue()
         self._running = True
+        self._pace: PaceSnapshot | None = None
         self._thread = threading.Thread(target=self._run, name=f"stage-{role}", daemon=True)
 
     def start(self) -> None:
@@ -51,6 +56,10 @@ class StageWorker:
 
     def drop(self, request_id: str) -> None:
         self._inbox.put(("drop", request_id, None))
+
+    def update_pace(self, snapshot: PaceSnapshot) -> None:
+        """The latest playback pacing; also wakes a worker whose requests all yield."""
+        self._inbox.put(("pace", "", snapshot))
 
     def drop_all(self) -> None:
         """Forget every request of a dead worker (its thread has ended: nothing else touches
@@ -76,7 +85,9 @@ class StageWorker:
         return set(self.program.request_ids()[: self.max_active])
 
     def _handle(self, kind: str, request_id: str, message: object) -> None:
-        if kind == "drop":
+        if kind == "pace":
+            self._pace = message
+        elif kind == "drop":
             self.program.drop(request_id)
         elif kind == "message":
             try:
@@ -84,9 +95,9 @@ class StageWorker:
             except Exception as exc:  # a bad message fails its request only
                 self._fail(request_id, exc)
 
-    def _drain(self, block: bool) -> None:
+    def _drain(self, block: bool, wait_s: float = IDLE_WAIT_S) -> None:
         try:
-            item = self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()
+            item = self._inbox.get(timeout=wait_s) if block else self._inbox.get_nowait()
         except queue.Empty:
             return
         while True:
@@ -104,11 +115,25 @@ class StageWorker:
     def _emit(self, request_id: str, event: object) -> None:
         self._on_event(self.role, request_id, event)
 
+    def _round(self) -> tuple[list[str], float]:
+        """The requests to step this round, in order, and how long to sleep if there are none."""
+        admitted = self._admitted()
+        runnable = [rid for rid in self.program.runnable() if rid in admitted]
+        if self._pace is None or not runnable:
+            return runnable, IDLE_WAIT_S
+        now = time.monotonic()
+        yielding = self._pace.yielding(runnable, now)
+        ready = self._pace.order([rid for rid in runnable if rid not in yielding], now)
+        change_s = self._pace.next_change_s(yielding, now)
+        return ready, IDLE_WAIT_S if change_s is None else min(IDLE_WAIT_S, change_s)
+
     def _run(self) -> None:
         while self._running:
-            admitted = self._admitted()
-            runnable = [rid for rid in self.program.runnable() if rid in admitted]
-            self._drain(block=not runnable)
+            self._drain(block=False)
+            runnable, wait_s = self._round()
+            if not runnable:
+                self._drain(block=True, wait_s=wait_s)
+                continue
             for request_id in runnable:
                 if request_id not in self.program.request_ids():  # ended or dropped during this round
                     continue

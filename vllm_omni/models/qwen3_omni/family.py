@@ -48,25 +48,33 @@ DEFAULT_SPEAKER = "ethan"
 
 
 class CodecChunker:
-    """Cuts a stream of codec frames into code2wav chunks: first `initial`, then `size`."""
+    """Cuts a stream of codec frames into code2wav chunks: first `initial`, then `size`; with
+    `ramp`, the chunks in between grow: each half as long as all before it together, so a
+    short first chunk (fast first audio) is followed by chunks that take half as long to
+    make as the audio already sent lasts, even when the talker is slowed by load."""
 
     def __init__(self, chunking: CodecChunking, streaming: bool):
         self.initial, self.size = chunking.initial_codec_chunk_frames, chunking.codec_chunk_frames
+        self.ramp = chunking.ramp_codec_chunks
         self.streaming = streaming
         self._frames: list[tuple[int, ...]] = []
-        self._chunks = 0
+        self._sent = 0  # frames in the chunks cut so far
 
     def _chunk(self) -> torch.Tensor:
         frames = torch.tensor(self._frames, dtype=torch.long).T if self._frames else \
             torch.zeros(16, 0, dtype=torch.long)
+        self._sent += len(self._frames)
         self._frames = []
-        self._chunks += 1
         return frames
+
+    def _target(self) -> int:
+        if self._sent == 0:
+            return self.initial
+        return min(self.size, max(self.initial, self._sent // 2)) if self.ramp else self.size
 
     def add(self, codes: tuple[int, ...]) -> torch.Tensor | None:
         self._frames.append(codes)
-        target = self.initial if self._chunks == 0 else self.size
-        return self._chunk() if self.streaming and len(self._frames) >= target else None
+        return self._chunk() if self.streaming and len(self._frames) >= self._target() else None
 
     def flush(self) -> torch.Tensor:
         return self._chunk()

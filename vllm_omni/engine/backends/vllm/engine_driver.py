@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from vllm_omni.config import SamplingParams, StageConfig
+from vllm_omni.engine.pacing import PaceSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -36,21 +37,23 @@ def visible_device_ids(devices: list[int], outer: str | None) -> str:
     return ",".join(visible[d] for d in devices)
 
 
-@contextmanager
-def stage_devices(stage: StageConfig) -> Iterator[None]:
-    """Pin the engine processes started inside to the stage's `devices` (they inherit the
-    environment, e.g. CUDA_VISIBLE_DEVICES); nothing to do on CPU."""
-    if cpu_platform():
-        yield
-        return
-    from vllm.platforms import current_platform
+CPU_BIND_VARIABLE = "VLLM_CPU_OMP_THREADS_BIND"
 
-    if len(stage.devices) < stage.engine_args.tensor_parallel_size:
-        raise ValueError(f"stage {stage.stage_id} ({stage.role}): tensor_parallel_size "
-                         f"{stage.engine_args.tensor_parallel_size} needs as many devices, got {stage.devices}")
-    variable = current_platform.device_control_env_var
+
+def cpu_bind_mask(cores: list[int], tensor_parallel_size: int) -> str:
+    """vLLM's CPU thread binding for a stage on `cores`: the cores split
+    evenly over the tensor-parallel ranks ("0,1|2,3" for two ranks on four cores)."""
+    if len(cores) < tensor_parallel_size:
+        raise ValueError(f"tensor_parallel_size {tensor_parallel_size} needs as many cores, got {cores}")
+    per_rank = len(cores) // tensor_parallel_size
+    return "|".join(",".join(str(c) for c in cores[rank * per_rank:(rank + 1) * per_rank])
+                    for rank in range(tensor_parallel_size))
+
+
+@contextmanager
+def _environment(variable: str, value: str) -> Iterator[None]:
     outer = os.environ.get(variable)
-    os.environ[variable] = visible_device_ids(stage.devices, outer)
+    os.environ[variable] = value
     try:
         yield
     finally:
@@ -60,15 +63,55 @@ def stage_devices(stage: StageConfig) -> Iterator[None]:
             os.environ[variable] = outer
 
 
-def engine_kwargs(stage: StageConfig, model: str, **defaults: Any) -> dict[str, Any]:
-    """AsyncEngineArgs keywords: `defaults`, then the stage's engine args, then its `extra`.
-    Prefix caching is always off: cached prompt positions run no forward, so what a runner
-    extension captures from the forward (hidden rows, per-step inputs) would not exist for them."""
+@contextmanager
+def stage_devices(stage: StageConfig) -> Iterator[None]:
+    """Pin the engine processes started inside to the stage's devices (they inherit the
+    environment). GPUs: the platform's device-control variable (CUDA_VISIBLE_DEVICES) from
+    `devices`. CPU: the stage's `cpu_cores`, if set, so that engines on different cores do
+    not share one (vLLM binds every engine to the same cores); an outer
+    VLLM_CPU_OMP_THREADS_BIND wins."""
+    binding = _stage_binding(stage)
+    if binding is None:
+        yield
+        return
+    with _environment(*binding):
+        yield
+
+
+def _stage_binding(stage: StageConfig) -> tuple[str, str] | None:
+    """The (variable, value) that pins a stage's engine; None: leave the environment alone."""
+    from vllm.platforms import current_platform
+
+    tp = stage.engine_args.tensor_parallel_size
+    try:
+        if cpu_platform():
+            if stage.cpu_cores is None or os.environ.get(CPU_BIND_VARIABLE):
+                return None
+            return CPU_BIND_VARIABLE, cpu_bind_mask(stage.cpu_cores, tp)
+        if len(stage.devices) < tp:
+            raise ValueError(f"tensor_parallel_size {tp} needs as many devices, got {stage.devices}")
+        variable = current_platform.device_control_env_var
+        return variable, visible_device_ids(stage.devices, os.environ.get(variable))
+    except ValueError as exc:
+        raise ValueError(f"stage {stage.stage_id} ({stage.role}): {exc}") from None
+
+
+def engine_kwargs(stage: StageConfig, model: str, *, prefix_caching: bool = False, **defaults: Any) -> dict[str, Any]:
+    """AsyncLLM keywords: `defaults`, then the stage's engine args, then its `extra`.
+
+    vLLM's prefix caching runs no forward for a prompt's cached positions, so what a runner
+    extension captures from the forward (hidden rows, per-step inputs) would not exist for
+    them. `prefix_caching`: the driver's runner extension copes with that (the thinker's
+    keeps the rows of cached prompts, capture.py); then prefix caching is on unless the
+    stage's `enable_prefix_caching` turns it off, otherwise it is off and a stage asking for
+    it is refused."""
     args = stage.engine_args
-    if args.enable_prefix_caching:
+    if args.enable_prefix_caching and not prefix_caching:
         raise ValueError(f"stage {stage.stage_id} ({stage.role}) on vLLM: enable_prefix_caching must be off; "
-                         "cached prompt positions are not recomputed, so their hidden states would be missing")
-    kwargs: dict[str, Any] = {"model": model, "dtype": args.dtype or "auto", "enable_prefix_caching": False,
+                         "cached prompt positions are not recomputed, and this stage needs what their forward "
+                         "would compute")
+    caching = prefix_caching if args.enable_prefix_caching is None else args.enable_prefix_caching
+    kwargs: dict[str, Any] = {"model": model, "dtype": args.dtype or "auto", "enable_prefix_caching": caching,
                               "tensor_parallel_size": args.tensor_parallel_size,
                               "trust_remote_code": args.trust_remote_code, **defaults}
     for name in PASSED_THROUGH:
@@ -113,6 +156,10 @@ class VllmEngineDriver:
     def engine_kwargs(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def scheduling(self) -> tuple:
+        """Arguments of `paced_engine_kwargs` after the platform: default, the holding scheduler."""
+        return ()
+
     def forget(self, request_id: str) -> None:
         """Nothing kept outside a run by default."""
 
@@ -137,8 +184,18 @@ class VllmEngineDriver:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from vllm_omni.engine.backends.vllm.holding_scheduler import paced_engine_kwargs
+
+        kwargs = paced_engine_kwargs(self.engine_kwargs(), cpu_platform(), *self.scheduling())
         with stage_devices(self.stage):
-            self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_kwargs()))
+            self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+
+    async def push_pace(self, snapshot: PaceSnapshot) -> None:
+        """Hand the engine's scheduler the latest playback pacing (holding_scheduler.py)."""
+        from vllm_omni.engine.backends.vllm.holding_scheduler import PACE_RPC
+
+        if self.healthy():
+            await self.engine.collective_rpc(PACE_RPC, args=snapshot.to_wire())
 
     async def shutdown(self) -> None:
         if self.engine is not None:

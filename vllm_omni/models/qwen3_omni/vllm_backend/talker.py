@@ -4,7 +4,8 @@ Per request: the bridge builds the prompt rows from the thinker's hidden rows (a
 torch backend) and the request goes in as `prompt_embeds`, with the rows' M-RoPE positions
 when images make them non-sequential (the worker installs them, talker_worker.py). Text
 the thinker feeds back arrives later (`feed`) and is pushed, in order, into the engine's
-`TextFeed` by one pusher task per request; the engine's scheduler holds a decode step
+`TextFeed` by one pusher task per request (all requests' pushes ride one `collective_rpc`,
+`TextPump`); the engine's scheduler holds a decode step
 until its text row exists. Each engine output carries new codebook-0 ids; the frames they complete (codes
 1..15 from the code predictor, run inside the next talker step) are taken with
 `collective_rpc("omni_take_frames")` (one call for all requests waiting, `FramePump`)
@@ -24,6 +25,7 @@ from vllm_omni.engine.stage_api import Emit, StageDone
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
 from vllm_omni.models.qwen3_omni.messages import CodecFrame, TalkerJob, ThinkerFinished, TrailingText
 from vllm_omni.models.qwen3_omni.talker_bridge import ThinkerToTalkerBridge
+from vllm_omni.models.qwen3_omni.vllm_backend.rpc_pumps import FramePump, TextPump
 from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import (
     IGNORE_EOS_KEY,
     MROPE_POSITIONS_KEY,
@@ -37,43 +39,6 @@ GATE = "vllm_omni.models.qwen3_omni.vllm_backend.talker_gate.{}"
 _FINISHED = object()  # end marker in a request's text queue
 
 
-class FramePump:
-    """Takes finished frames for many requests with one `collective_rpc`: requests asking
-    while a call is in flight are served together by the next one (each RPC is handled by
-    the engine loop between steps, so one per request per step would add up)."""
-
-    def __init__(self, engine: Any):
-        self.engine = engine
-        self._waiting: dict[str, asyncio.Future] = {}
-        self._task: asyncio.Task | None = None
-
-    async def take(self, request_id: str) -> list[list[int]]:
-        future = asyncio.get_running_loop().create_future()
-        self._waiting[request_id] = future
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._pump())
-        return await future
-
-    async def _pump(self) -> None:
-        while self._waiting:
-            batch, self._waiting = self._waiting, {}
-            try:
-                replies = (await self.engine.collective_rpc("omni_take_frames", args=(list(batch),)))[0]
-            except Exception as exc:  # e.g. a dead engine: every waiting request fails with it
-                for future in batch.values():
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            for request_id, future in batch.items():
-                if not future.done():  # a cancelled request's frames are forgotten with it
-                    future.set_result(replies.get(request_id, []))
-
-    def close(self) -> None:
-        """Stop a call that may never return (its engine died)."""
-        if self._task is not None:
-            self._task.cancel()
-
-
 class VllmTalkerDriver(VllmEngineDriver):
     def __init__(self, checkpoint: Qwen3OmniCheckpoint, stage: StageConfig):
         super().__init__(str(checkpoint.path), stage)
@@ -81,38 +46,44 @@ class VllmTalkerDriver(VllmEngineDriver):
         self.eos_token_id = checkpoint.config.talker_config.codec_eos_token_id
         self._text_queues: dict[str, asyncio.Queue] = {}
         self._frame_pump: FramePump | None = None
+        self._text_pump: TextPump | None = None
 
     def engine_kwargs(self) -> dict[str, Any]:
         if self.stage.engine_args.enforce_eager is False:
             raise ValueError(f"stage {self.stage.stage_id} (talker) on vLLM: enforce_eager must be true (the "
                              "per-step code predictor and text rows run as Python around the decoder)")
-        cpu = cpu_platform()
-        kwargs = engine_kwargs(
-            self.stage, self.checkpoint_path, hf_overrides={"architectures": [QWEN3_OMNI_TALKER]},
-            enable_prompt_embeds=True, skip_tokenizer_init=True,
+        # Prefix caching: vLLM hashes a prompt-embeds block by its rows' bytes, so a later turn
+        # reuses the KV of the earlier user turns where the bridge projects the same thinker rows
+        # (capture.py) to the same bytes (it does on CPU; elsewhere a miss only costs the
+        # prefill). The runner extension needs no prompt position's output but the last, which
+        # always runs. Decode blocks are hashed by their codebook-0 ids, not their inputs (codec
+        # sum + text row), but only a request resumed after preemption looks those up, and only
+        # behind a byte-equal prompt.
+        return engine_kwargs(
+            self.stage, self.checkpoint_path, prefix_caching=True,
+            hf_overrides={"architectures": [QWEN3_OMNI_TALKER]}, enable_prompt_embeds=True, skip_tokenizer_init=True,
             limit_mm_per_prompt={"audio": 0, "image": 0, "video": 0},
             enforce_eager=True,
-            worker_cls=worker_path("Talker", cpu=cpu))
+            worker_cls=worker_path("Talker", cpu=cpu_platform()))
+
+    def scheduling(self) -> tuple:
+        """The text gate's scheduler and executor (talker_gate.py), which also pace."""
         from vllm_omni.models.qwen3_omni.vllm_backend.talker_gate import TalkerExecutor
 
-        kwargs["distributed_executor_backend"] = TalkerExecutor
-        if "scheduler_cls" not in kwargs:
-            async_scheduling = bool(kwargs.get("async_scheduling")) and not cpu
-            kwargs["scheduler_cls"] = GATE.format("TalkerAsyncScheduler" if async_scheduling
-                                                        else "TalkerScheduler")
-        return kwargs
+        return (GATE.format("TalkerScheduler"), GATE.format("TalkerAsyncScheduler")), TalkerExecutor
 
     def starts_request(self, message: object) -> bool:
         return isinstance(message, TalkerJob)
 
     async def start(self) -> None:
         await super().start()
-        self._frame_pump = FramePump(self.engine)
+        self._frame_pump, self._text_pump = FramePump(self.engine), TextPump(self.engine)
 
     async def shutdown(self) -> None:
-        if self._frame_pump is not None:
-            self._frame_pump.close()
-            self._frame_pump = None
+        for pump in (self._frame_pump, self._text_pump):
+            if pump is not None:
+                pump.close()
+        self._frame_pump = self._text_pump = None
         await super().shutdown()
 
     def _text_queue(self, request_id: str) -> asyncio.Queue:
@@ -132,15 +103,19 @@ class VllmTalkerDriver(VllmEngineDriver):
             raise TypeError(f"talker cannot take {type(message).__name__}")
 
     async def _push_text(self, request_id: str, queue: asyncio.Queue) -> None:
-        """Pushes queued text into the engine in order, coalescing what piled up meanwhile."""
+        """Pushes queued text into the engine in order, coalescing what piled up meanwhile;
+        once stopped, nothing of it is left on its way to the engine."""
         finished = False
-        while not finished:
-            items = [await queue.get()]
-            while not queue.empty():
-                items.append(queue.get_nowait())
-            token_ids = [t for item in items if item is not _FINISHED for t in item]
-            finished = any(item is _FINISHED for item in items)
-            await self.engine.collective_rpc("omni_push_text", args=(request_id, token_ids, finished))
+        try:
+            while not finished:
+                items = [await queue.get()]
+                while not queue.empty():
+                    items.append(queue.get_nowait())
+                token_ids = [t for item in items if item is not _FINISHED for t in item]
+                finished = any(item is _FINISHED for item in items)
+                await self._text_pump.push(request_id, token_ids, finished)
+        finally:
+            await self._text_pump.settle(request_id)
 
     async def run(self, request_id: str, message: object, emit: Emit) -> None:
         if not isinstance(message, TalkerJob):

@@ -1,10 +1,10 @@
 """The trailing text of each talker request, as the thinker produces it.
 
-One copy per process of the talker engine, filled through `collective_rpc("omni_push_text",
+One copy per process of the talker engine, filled through `collective_rpc("omni_push_texts",
 ...)`: the workers' copy gives each decode step its text row (the model), the EngineCore's
 copy (filed by `vllm_talker_gate.TalkerExecutor`) tells the scheduler whether a request's
 next decode step may run yet. Keys are the orchestrator's request ids; vLLM's internal ids
-add a `-<8 chars>` suffix (see `external_request_id`).
+add a `-<8 chars>` suffix (see `holding_scheduler.external_request_id`).
 """
 
 from __future__ import annotations
@@ -19,12 +19,6 @@ IGNORE_EOS_KEY = "omni_ignore_eos"
 # turns, talker_bridge.py): the t/h/w rows [3][P], and the rope delta of every later position.
 MROPE_POSITIONS_KEY = "omni_mrope_positions"
 ROPE_DELTA_KEY = "omni_rope_delta"
-
-
-def external_request_id(internal_id: str) -> str:
-    """The id the orchestrator used: vLLM appends `-` and 8 random characters."""
-    head, sep, tail = internal_id.rpartition("-")
-    return head if sep and len(tail) == 8 else internal_id
 
 
 @dataclass

@@ -47,8 +47,9 @@ from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper
 
 from vllm_omni.config import SamplingParams
 from vllm_omni.engine.backends.torch_sampling import TokenSampler, apply_repetition_penalty
+from vllm_omni.engine.backends.vllm.holding_scheduler import external_request_id
 from vllm_omni.models.qwen3_omni.torch_backend.talker import SUPPRESSED_TAIL, code_predictor_sampling
-from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import TEXT_FEED, TextFeed, external_request_id
+from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import TEXT_FEED, TextFeed
 
 
 @dataclass(frozen=True)

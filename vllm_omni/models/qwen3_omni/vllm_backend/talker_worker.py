@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from vllm_omni.config import SamplingParams
+from vllm_omni.engine.backends.vllm.holding_scheduler import external_request_id
 from vllm_omni.engine.backends.vllm.workers import RunnerExtensionWorkerMixin
 from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import (
     IGNORE_EOS_KEY,
@@ -24,7 +25,6 @@ from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import (
     REPETITION_PENALTY_KEY,
     ROPE_DELTA_KEY,
     TEXT_FEED,
-    external_request_id,
 )
 from vllm_omni.models.qwen3_omni.vllm_backend.talker_model import PlannedRequest, TalkerStepPlan
 
@@ -86,8 +86,10 @@ class TalkerWorkerMixin(RunnerExtensionWorkerMixin):
     def _internal_ids(self, request_id: str) -> list[str]:
         return [key for key in self.model_runner.get_model().requests if external_request_id(key) == request_id]
 
-    def omni_push_text(self, request_id: str, token_ids: list[int], finished: bool) -> None:
-        TEXT_FEED.push(request_id, token_ids, finished)
+    def omni_push_texts(self, pushes: list[list]) -> None:
+        """[request id, token ids, finished] per request (rpc_pumps.TextPump)."""
+        for request_id, token_ids, finished in pushes:
+            TEXT_FEED.push(request_id, token_ids, finished)
 
     def omni_take_frames(self, request_ids: list[str]) -> dict[str, list[list[int]]]:
         """Finished frames (16 codes each) of these requests, in order; each frame once."""

@@ -1,0 +1,117 @@
+"""A vLLM scheduler that lets chosen running requests sit out steps, and playback pacing
+(engine/pacing.py) as the first reason to hold one.
+
+Held requests leave `running` for the duration of `schedule()` (and count against
+`max_num_seqs` and vLLM's admission limit, so no new request takes their place) and come back at the front, keeping
+their KV blocks; holding changes when a request's tokens are computed, never what they
+are. When nothing at all could run, the scheduler pauses 1 ms instead of letting the engine
+loop spin. Subclasses add reasons with `_held` (the talker's text gate). Selected with
+`scheduler_cls` (a class path).
+
+The scheduler runs in the EngineCore process, the model in worker processes (vLLM's CPU
+platform always uses the multiprocess executor). The driver sends each pacing snapshot
+with `collective_rpc("omni_pace", ...)`: `PacedExecutor` (selected with
+`distributed_executor_backend`) keeps it in the EngineCore's `PACE` and answers the call
+itself; the workers never see it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+from vllm_omni.engine.pacing import PaceSnapshot
+
+IDLE_PAUSE_S = 0.001
+PACE_RPC = "omni_pace"
+
+
+def external_request_id(internal_id: str) -> str:
+    """The id the orchestrator used: vLLM appends `-` and 8 random characters."""
+    head, sep, tail = internal_id.rpartition("-")
+    return head if sep and len(tail) == 8 else internal_id
+
+
+def rpc_args(args: tuple, kwargs: dict[str, Any]) -> tuple:
+    """The call arguments of an executor `collective_rpc(method, timeout, args, ...)` call."""
+    return kwargs.get("args", args[1] if len(args) > 1 else ())
+
+
+class PaceBoard:
+    """The EngineCore's copy of the latest pacing snapshot (none: nothing is held)."""
+
+    def __init__(self) -> None:
+        self.snapshot: PaceSnapshot | None = None
+
+    def yielding(self, request_ids: list[str]) -> set[str]:
+        return set() if self.snapshot is None else self.snapshot.yielding(request_ids)
+
+
+PACE = PaceBoard()
+
+
+class _HoldingMixin:
+    running: list
+    max_num_running_reqs: int
+    max_num_active_reqs: int
+
+    def _held(self, running: list) -> list:
+        """Running requests that sit out this step: those playback pacing lets yield."""
+        yielding = PACE.yielding([external_request_id(r.request_id) for r in running])
+        return [r for r in running if external_request_id(r.request_id) in yielding] if yielding else []
+
+    def _shift_limits(self, by: int) -> None:
+        """Both of vLLM's request limits: model-runner slots and admission into `running`."""
+        self.max_num_running_reqs += by
+        self.max_num_active_reqs += by
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        held = self._held(self.running)
+        if not held:
+            return super().schedule(*args, **kwargs)  # type: ignore[misc]
+        held_ids = {id(request) for request in held}
+        self.running = [request for request in self.running if id(request) not in held_ids]
+        self._shift_limits(-len(held))
+        try:
+            output = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._shift_limits(len(held))
+            self.running = held + self.running
+        if output.total_num_scheduled_tokens == 0:
+            time.sleep(IDLE_PAUSE_S)
+        return output
+
+
+class HoldingScheduler(_HoldingMixin, Scheduler):
+    pass
+
+
+class HoldingAsyncScheduler(_HoldingMixin, AsyncScheduler):
+    pass
+
+
+class PacedExecutor(MultiprocExecutor):
+    def collective_rpc(self, method: Any, *args: Any, **kwargs: Any) -> Any:
+        if method == PACE_RPC:
+            PACE.snapshot = PaceSnapshot.from_wire(*rpc_args(args, kwargs))
+            return [None]
+        return super().collective_rpc(method, *args, **kwargs)
+
+
+HOLDING_SCHEDULERS = (f"{__name__}.HoldingScheduler", f"{__name__}.HoldingAsyncScheduler")
+
+
+def paced_engine_kwargs(kwargs: dict[str, Any], cpu: bool, schedulers: tuple[str, str] = HOLDING_SCHEDULERS,
+                        executor: type = PacedExecutor) -> dict[str, Any]:
+    """`kwargs` with a holding scheduler (class paths: synchronous, asynchronous) and a
+    pacing executor, unless the stage's config chose its own scheduler. Asynchronous
+    scheduling only where a stage asks for it, and never on CPU."""
+    if "scheduler_cls" not in kwargs:
+        async_scheduling = bool(kwargs.get("async_scheduling")) and not cpu
+        kwargs["scheduler_cls"] = schedulers[1] if async_scheduling else schedulers[0]
+    kwargs["distributed_executor_backend"] = executor
+    return kwargs
