@@ -5,11 +5,20 @@ already implements `SupportsEagle3.set_aux_hidden_state_layers`, which makes its
 return the inputs of chosen decoder layers next to the final hidden states. A custom
 `worker_cls` (vllm_workers.py) swaps the model runner's class for a subclass that turns that on after the
 model loads, takes the aux tensors off the forward's output (so the rest of vLLM sees the
-ordinary output), and files the rows under their request ids using the batch layout
-(`input_batch.req_ids`, `num_scheduled_tokens`). No model code is copied and no vLLM file
-is patched; the runner subclass works for the CPU and the GPU runner alike. The rows stay
-in the worker until the orchestrator takes them with `collective_rpc`
+ordinary output), and files the rows of each request's prompt positions under its request
+id, using the batch layout (`input_batch.req_ids`, `num_scheduled_tokens`) and each
+request's computed-token count from the scheduler output. No model code is copied and no
+vLLM file is patched; the runner subclass works for the CPU and the GPU runner alike. The
+rows stay in the worker until the orchestrator takes them with `collective_rpc`
 ("omni_take_hidden_rows"), once the request's first token exists.
+
+Prefix caching: vLLM runs no forward for the positions [0, C) of a prompt whose first C
+tokens it has cached (`num_computed_tokens` of the new request), so their rows come from
+the worker's `PromptRowStore` (row_store.py), which keeps every finished prompt's rows by
+content; rows it does not have are NaN, and the driver checks the ones the talker reads
+(thinker.py). Only prompt positions are captured: the talker needs no row of a generated
+token. The store holds as many rows as the KV cache has token slots, none when prefix
+caching is off.
 
 vLLM takes a layer's output after the deepstack visual features are added to it,
 transformers before; the two agree when `accept_hidden_layer` lies past the layers that take
@@ -18,16 +27,49 @@ deepstack features, as in the real checkpoint (24 > 3) and the tiny one (tiny/co
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from vllm_omni.engine.backends.vllm.tensor_wire import tensor_to_wire
 from vllm_omni.engine.backends.vllm.workers import RunnerExtensionWorkerMixin
+from vllm_omni.models.qwen3_omni.vllm_backend.row_store import PromptKey, PromptRowStore
+
+
+@dataclass
+class PromptCapture:
+    """One request's prompt rows [P, 2 (layer 0, accept layer), H] while its prefill runs."""
+
+    key: PromptKey
+    rows: torch.Tensor | None = None  # NaN until captured or found in the store
+    filled: int = 0  # rows [0, filled) are set
+    filed: bool = False  # complete and kept in the store
+
+    def add(self, computed: int, step_rows: list[torch.Tensor], store: PromptRowStore) -> None:
+        """This step's rows of the request (per layer [count, H], on the model's device), which
+        start at position `computed`; positions vLLM skipped before it come from `store`."""
+        length = len(self.key)
+        if self.rows is None:
+            hidden = step_rows[0]
+            self.rows = torch.full((length, len(step_rows), hidden.shape[-1]), float("nan"), dtype=hidden.dtype)
+        start = min(computed, length)
+        if start > self.filled:  # cached by vLLM: skipped by the forward
+            shared, kept = store.lookup(self.key, start)
+            if shared > self.filled:
+                self.rows[self.filled:shared] = kept[self.filled:]
+        count = max(0, min(step_rows[0].shape[0], length - start))
+        if count:
+            self.rows[start:start + count] = torch.stack([r[:count] for r in step_rows], dim=1).cpu()
+        self.filled = max(self.filled, start + count)
+        if self.filled == length and not self.filed:
+            store.file(self.key, self.rows)
+            self.filed = True
 
 
 class _CaptureRunnerMixin:
-    _omni_rows: dict[str, list[torch.Tensor]]
+    _omni_captures: dict[str, PromptCapture]
+    _omni_store: PromptRowStore | None
     _omni_last_aux: list[torch.Tensor] | None
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -35,7 +77,7 @@ class _CaptureRunnerMixin:
         hf_config = self.model_config.hf_config
         accept_layer = hf_config.talker_config.accept_hidden_layer
         self.get_model().set_aux_hidden_state_layers((0, accept_layer))
-        self._omni_rows, self._omni_last_aux = {}, None
+        self._omni_captures, self._omni_store, self._omni_last_aux = {}, None, None
 
     def _model_forward(self, *args: Any, **kwargs: Any) -> Any:
         output = super()._model_forward(*args, **kwargs)
@@ -43,33 +85,55 @@ class _CaptureRunnerMixin:
             output, self._omni_last_aux = output
         return output
 
+    def _omni_row_store(self) -> PromptRowStore:
+        """Made on first use: the KV cache's size is known once the engine has run."""
+        if self._omni_store is None:
+            cache = self.cache_config
+            slots = (cache.num_gpu_blocks or 0) * cache.block_size if cache.enable_prefix_caching else 0
+            self._omni_store = PromptRowStore(slots)
+        return self._omni_store
+
     def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         self._omni_last_aux = None
         result = super().execute_model(scheduler_output, *args, **kwargs)
         if self._omni_last_aux is not None:
-            stacked = torch.stack([aux.detach().cpu() for aux in self._omni_last_aux], dim=1)  # [T, 2, H]
-            offset = 0
-            for req_id in self.input_batch.req_ids:
-                count = scheduler_output.num_scheduled_tokens.get(req_id, 0)
-                if count:
-                    self._omni_rows.setdefault(req_id, []).append(stacked[offset:offset + count].clone())
-                offset += count
+            self._omni_capture(scheduler_output, self._omni_last_aux)
+            self._omni_last_aux = None
         return result
 
+    def _omni_capture(self, scheduled: Any, aux: list[torch.Tensor]) -> None:
+        new = {request.req_id: request for request in scheduled.scheduled_new_reqs}
+        cached = scheduled.scheduled_cached_reqs
+        computed = dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        computed |= {req_id: request.num_computed_tokens for req_id, request in new.items()}
+        offset = 0
+        for req_id in self.input_batch.req_ids:
+            count = scheduled.num_scheduled_tokens.get(req_id, 0)
+            if req_id in new:
+                self._omni_captures[req_id] = PromptCapture(PromptKey.of(new[req_id].prompt_token_ids,
+                                                                         new[req_id].mm_features))
+            capture = self._omni_captures.get(req_id)  # None once taken or forgotten
+            if count and capture is not None and not capture.filed:
+                capture.add(computed[req_id], [layer[offset:offset + count] for layer in aux], self._omni_row_store())
+            offset += count
+
     def omni_take_hidden_rows(self, request_prefix: str) -> dict[str, Any] | None:
-        """Rows captured so far for the request whose internal id starts with `request_prefix`,
-        [positions, 2 (layer 0, accept layer), hidden] in wire form (tensor_wire.py); forgets them."""
-        key = next((k for k in self._omni_rows if k == request_prefix or k.startswith(request_prefix + "-")), None)
-        if key is None:
+        """The prompt rows captured for the request whose internal id starts with `request_prefix`,
+        [positions, 2 (layer 0, accept layer), hidden] in wire form (tensor_wire.py), NaN
+        where neither the forward nor the store had them; forgets the request."""
+        key = next((k for k in self._omni_captures if k == request_prefix or k.startswith(request_prefix + "-")),
+                   None)
+        capture = self._omni_captures.pop(key, None) if key is not None else None
+        if capture is None or capture.rows is None:
             return None
-        return tensor_to_wire(torch.cat(self._omni_rows.pop(key), dim=0))
+        return tensor_to_wire(capture.rows[:capture.filled])
 
     def omni_forget(self, request_prefix: str) -> None:
-        for key in [k for k in self._omni_rows if k == request_prefix or k.startswith(request_prefix + "-")]:
-            del self._omni_rows[key]
+        for key in [k for k in self._omni_captures if k == request_prefix or k.startswith(request_prefix + "-")]:
+            del self._omni_captures[key]
 
     def omni_held_requests(self) -> int:
-        return len(self._omni_rows)
+        return len(self._omni_captures)
 
 
 class CaptureWorkerMixin(RunnerExtensionWorkerMixin):

@@ -9,10 +9,19 @@ expands each `<|image_pad|>` as the orchestrator did (images.py). The talker's p
 the thinker's layer-0 and accept-layer rows of the prompt; `vllm_capture.CaptureCPUWorker`
 keeps them in the worker and this driver takes them with one `collective_rpc` once the
 first token exists.
+
+Prefix caching is on (unless the stage turns it off): each turn of a conversation prefills
+only what the previous turns did not. The rows of cached positions come from the prompts the
+worker kept (row_store.py), NaN where it kept none. Those of an earlier answer are never read;
+should a row the talker reads be missing (its prompt was evicted, or was still in its
+prefill when vLLM let this request share its blocks), the request runs once more with a
+fresh `cache_salt`, which no cached block matches, before anything of it was emitted.
 """
 
 from __future__ import annotations
 
+import logging
+import uuid
 from contextlib import aclosing
 from typing import Any
 
@@ -24,8 +33,15 @@ from vllm_omni.engine.backends.vllm.tensor_wire import tensor_from_wire
 from vllm_omni.engine.stage_api import Emit, StageDone, TextToken
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
 from vllm_omni.models.qwen3_omni.messages import ThinkerJob, ThinkerPrefill, ThinkerPrefilled
+from vllm_omni.models.qwen3_omni.talker_bridge import user_positions
 from vllm_omni.models.qwen3_omni.vllm_backend.workers import worker_path
 from vllm_omni.models.vllm_plugin import QWEN3_OMNI_THINKER
+
+logger = logging.getLogger(__name__)
+
+
+class RowsNotKept(RuntimeError):
+    """A prompt row the talker reads came from vLLM's prefix cache without its worker keeping it."""
 
 
 def collapse_placeholders(input_ids: list[int], placeholder_ids: tuple[int, ...]) -> list[int]:
@@ -38,13 +54,25 @@ def collapse_placeholders(input_ids: list[int], placeholder_ids: tuple[int, ...]
     return collapsed
 
 
+def rows_the_talker_reads(input_ids: list[int], im_start_id: int, user_id: int, assistant_id: int) -> torch.Tensor:
+    """Positions [P] (bool) whose thinker rows the talker's prompt is built from
+    (talker_bridge.py): the user segments and the last assistant segment."""
+    ids = torch.tensor(input_ids)
+    read = torch.zeros(len(input_ids), dtype=torch.bool)
+    read[user_positions(ids, im_start_id, user_id)] = True
+    starts = torch.nonzero((ids[:-1] == im_start_id) & (ids[1:] == assistant_id)).flatten()
+    read[int(starts[-1]) if starts.numel() else 0:] = True
+    return read
+
+
 class VllmThinkerDriver(VllmEngineDriver):
     def __init__(self, checkpoint: Qwen3OmniCheckpoint, stage: StageConfig):
         super().__init__(checkpoint.path, stage)
         self.checkpoint = checkpoint
-        self.eos_token_id = checkpoint.config.im_end_token_id
-        thinker = checkpoint.config.thinker_config
-        self.placeholder_ids = (thinker.audio_token_id, thinker.image_token_id)
+        config = checkpoint.config
+        self.eos_token_id = config.im_end_token_id
+        self.placeholder_ids = (config.thinker_config.audio_token_id, config.thinker_config.image_token_id)
+        self.segment_ids = (config.im_start_token_id, config.user_token_id, config.assistant_token_id)
 
     def engine_kwargs(self) -> dict[str, Any]:
         # Audio and images: the stage's limits (vLLM's default when unset), which the
@@ -52,7 +80,7 @@ class VllmThinkerDriver(VllmEngineDriver):
         # for the vision encoder. Video never comes from this pipeline: 0 unless configured.
         # Forced tool calls are compact JSON (xgrammar, no free whitespace between tokens, so a
         # call always ends).
-        return engine_kwargs(self.stage, self.checkpoint_path, enable_mm_embeds=True,
+        return engine_kwargs(self.stage, self.checkpoint_path, prefix_caching=True, enable_mm_embeds=True,
                              hf_overrides={"architectures": [QWEN3_OMNI_THINKER]},
                              limit_mm_per_prompt={"video": 0},
                              structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
@@ -64,7 +92,7 @@ class VllmThinkerDriver(VllmEngineDriver):
     def feed(self, request_id: str, message: object) -> None:
         raise TypeError(f"thinker takes no follow-up messages ({type(message).__name__})")
 
-    def _prompt(self, job: ThinkerJob) -> Any:
+    def _prompt(self, job: ThinkerJob, cache_salt: str | None) -> Any:
         from vllm.inputs import TokensPrompt
 
         ids = collapse_placeholders(job.prompt.input_ids, self.placeholder_ids)
@@ -78,31 +106,44 @@ class VllmThinkerDriver(VllmEngineDriver):
                              "feature_attention_mask": [torch.ones(f.shape[-1], dtype=torch.long) for f in features]}
         if job.prompt.images:
             data["image"] = [image.image for image in job.prompt.images]
-        return TokensPrompt(prompt_token_ids=ids, multi_modal_data=data) if data else TokensPrompt(
-            prompt_token_ids=ids)
+        prompt = TokensPrompt(prompt_token_ids=ids)
+        if data:
+            prompt["multi_modal_data"] = data
+        if cache_salt is not None:
+            prompt["cache_salt"] = cache_salt
+        return prompt
 
-    async def _prompt_rows(self, request_id: str, first_token: int, length: int) -> ThinkerPrefill:
+    async def _prompt_rows(self, request_id: str, first_token: int, input_ids: list[int]) -> ThinkerPrefill:
         rows = (await self.engine.collective_rpc("omni_take_hidden_rows", args=(request_id,)))[0]
         if rows is None:
             raise RuntimeError(f"no thinker rows were captured for request {request_id}")
-        captured = tensor_from_wire(rows).to(self.checkpoint.talker.dtype)[:length]
-        if captured.shape[0] != length:
-            raise RuntimeError(f"captured {captured.shape[0]} thinker rows for a {length}-token prompt")
+        captured = tensor_from_wire(rows).to(self.checkpoint.talker.dtype)
+        if captured.shape[0] != len(input_ids):
+            raise RuntimeError(f"captured {captured.shape[0]} thinker rows for a {len(input_ids)}-token prompt")
+        if captured[rows_the_talker_reads(input_ids, *self.segment_ids)].isnan().any():
+            raise RowsNotKept(f"thinker request {request_id}: rows of its cached prefix were not kept")
         return ThinkerPrefill(first_token=first_token, embeddings=captured[:, 0], accept_hidden=captured[:, 1])
 
     async def run(self, request_id: str, message: object, emit: Emit) -> None:
         if not isinstance(message, ThinkerJob):
             raise TypeError(f"thinker cannot take {type(message).__name__}")
-        generated: list[int] = []
         try:
-            sampling = vllm_sampling(message.sampling, [self.eos_token_id, *message.sampling.stop_token_ids],
-                                     json_schema=message.json_schema)
-            # aclosing: however the loop ends, vLLM aborts the request before it is forgotten below
-            async with aclosing(self.engine.generate(self._prompt(message), sampling, request_id)) as outputs:
-                async for output in outputs:
-                    await self._on_output(request_id, message, output, generated, emit)
+            try:
+                await self._generate(request_id, message, emit, cache_salt=None)
+            except RowsNotKept as missing:  # raised before anything was emitted; the worker took its rows
+                logger.info("%s; prefilling it again without the prefix cache", missing)
+                await self._generate(request_id, message, emit, cache_salt=uuid.uuid4().hex)
         finally:
             await self.forget_in_engine(request_id)
+
+    async def _generate(self, request_id: str, job: ThinkerJob, emit: Emit, cache_salt: str | None) -> None:
+        generated: list[int] = []
+        sampling = vllm_sampling(job.sampling, [self.eos_token_id, *job.sampling.stop_token_ids],
+                                 json_schema=job.json_schema)
+        # aclosing: however the loop ends, vLLM aborts the request before it is forgotten
+        async with aclosing(self.engine.generate(self._prompt(job, cache_salt), sampling, request_id)) as outputs:
+            async for output in outputs:
+                await self._on_output(request_id, job, output, generated, emit)
 
     async def _on_output(self, request_id: str, job: ThinkerJob, output: Any, generated: list[int],
                          emit: Emit) -> None:
@@ -110,9 +151,10 @@ class VllmThinkerDriver(VllmEngineDriver):
         for i, token in enumerate(tokens):
             last = output.finished and i == len(tokens) - 1
             if not generated and job.report_prefill and not last:
-                prefill = await self._prompt_rows(request_id, token, len(job.prompt.input_ids))
+                prefill = await self._prompt_rows(request_id, token, job.prompt.input_ids)
                 emit(ThinkerPrefilled(job.prompt, prefill))
             generated.append(token)
             emit(TextToken(token, fed=not last))
         if output.finished:
-            emit(StageDone("length" if output.outputs[0].finish_reason == "length" else "stop", len(generated)))
+            emit(StageDone("length" if output.outputs[0].finish_reason == "length" else "stop", len(generated),
+                           cached_prompt_tokens=output.num_cached_tokens or 0))
