@@ -97,7 +97,9 @@ async def test_with_extensions_the_same_session_carries_its_extension_fields() -
     assert EXTENSION_EVENTS - {"session.closed"} <= set(events.kinds())  # session.closed is the connection's
     done = events.of("response.done")[1]
     assert done["response"]["metadata"] is None  # client metadata only, in both modes
-    assert set(done["vllm_omni"]) == {"stage_metrics", "playback", "committed"} and done["vllm_omni"]["committed"]
+    assert set(done["vllm_omni"]) == {"stage_metrics", "playback", "committed", "timing"}
+    assert done["vllm_omni"]["committed"]
+    assert done["vllm_omni"]["timing"]["engine_request_ms"] <= done["vllm_omni"]["timing"]["first_audio_ms"]
     delta = events.of("response.output_audio.delta")[0]
     assert (delta["vllm_omni"]["format"], delta["vllm_omni"]["sample_rate_hz"]) == ("wav", 24000)
     assert events.of("input_audio_buffer.committed")[0]["event"]["type"] == "input.committed"

@@ -84,3 +84,14 @@ def test_a_step_worker_serves_the_waiting_listener_and_lets_the_answer_ahead_yie
     assert program.done.wait(10)
     worker.stop()
     assert set(program.stepped[:30]) == {"new"}
+
+
+def test_no_yielding_while_a_request_waits_for_a_slot() -> None:
+    program = _Steps(["ahead", "new", "late"])
+    worker = StageWorker("code2wav", program, lambda *a: None, lambda *a: None, max_active=2)
+    now = time.monotonic()
+    worker.update_pace(PaceSnapshot(POLICY, {"ahead": (now, 30.0), "new": (None, 0.0), "late": (None, 0.0)}))
+    worker.start()
+    assert program.done.wait(10)
+    worker.stop()
+    assert {"ahead", "new"} <= set(program.stepped[:30]) and "late" not in program.stepped

@@ -103,7 +103,7 @@ class FakeThinkerEngine:
         self.prompts.append(prompt)
         for token, finished in ((7, False), (self.eos, True)):
             yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=[token], finish_reason="stop")],
-                                  finished=finished)
+                                  num_cached_tokens=0, finished=finished)
 
     async def collective_rpc(self, method, args=()):
         self.calls.append(method)

@@ -28,7 +28,7 @@ def served(vllm_engine):
     """(ws URL, engine, app): the session's vLLM engines behind the realtime server."""
     from tests.realtime_helpers import serving
 
-    with serving(vllm_engine) as (url, engine, app):
+    with serving(vllm_engine, borrowed=True) as (url, engine, app):  # later modules use the engines too
         yield url, engine, app
 
 

@@ -55,6 +55,7 @@ class FakeScheduler:
     def __init__(self, running: list[FakeRequest]):
         self.running = running
         self.max_num_running_reqs = self.max_num_active_reqs = 8
+        self.waiting: list[FakeRequest] = []
         self.seen: list[list[str]] = []
         self.limits: list[tuple[int, int]] = []
 
@@ -101,6 +102,11 @@ def test_playback_pacing_holds_the_answer_far_ahead_while_a_listener_waits() -> 
         assert scheduler.seen[-1] == ["new-00000002"]
         PACE.snapshot = PaceSnapshot(PlaybackPacing(), {"ahead": (now, 30.0), "new": (now, 3.0)})  # heard
         scheduler.schedule()
+        assert scheduler.seen[-1] == ["ahead-00000001", "new-00000002"]
+        PACE.snapshot = PaceSnapshot(PlaybackPacing(), {"ahead": (now, 30.0), "new": (now, 3.0), "late": (None, 0.0)})
+        scheduler.max_num_running_reqs = scheduler.max_num_active_reqs = 2
+        scheduler.waiting = [FakeRequest("late-00000003", num_prompt_tokens=10, num_computed_tokens=0)]
+        scheduler.schedule()  # a waiting turn needs a seat: nobody keeps one by yielding
         assert scheduler.seen[-1] == ["ahead-00000001", "new-00000002"]
     finally:
         PACE.snapshot = None

@@ -203,14 +203,14 @@ class OmniEngine:
             if len(self._records) >= self.max_requests:
                 raise EngineBusyError(f"engine is at capacity ({self.max_requests} requests); retry later")
             route, messages = self.family.start(request.request_id, prompt, sampling, speaker, wants_audio, forced)
-            if wants_audio:
-                self.pacer.add(request.request_id)
             record = _Record(request=request, loop=asyncio.get_running_loop(), queue=asyncio.Queue(),
                              route=route, detokenizer=IncrementalDetokenizer(self.family.tokenizer),
                              prompt_tokens=len(prompt), image_tokens=prompt.image_tokens,
                              input_audio_tokens=prompt.audio_tokens, stops=StopStrings(stops) if stops else None,
                              tool_parser=self.family.tool_call_parser(forced is not None) if tools else None)
             self._records[request.request_id] = record
+            if wants_audio:
+                self.pacer.add(request.request_id)
             self._submit(request.request_id, None, messages)
         return record
 
@@ -250,7 +250,7 @@ class OmniEngine:
     def _route(self, record: _Record, role: str, event: object) -> None:
         if isinstance(event, StageDone) and role == self.family.text_role:
             record.finish_reason = FinishReason(event.reason)
-            record.cached_tokens = event.cached_prompt_tokens
+            record.cached_tokens = max(record.cached_tokens, event.cached_prompt_tokens)  # a stop string's end has 0
             if record.tool_parser is not None:
                 self._push_tool_call(record, record.tool_parser.finish())
         self._submit(record.request.request_id, role, self.family.route(record.route, role, event))

@@ -99,25 +99,31 @@ class PlaybackPacer:
 
     def add(self, request_id: str) -> None:
         """A request that will speak: urgent until its first audio."""
-        self._update(request_id, (None, 0.0))
+        self._update(request_id, lambda _: (None, 0.0))
 
     def delivered(self, request_id: str, seconds: float) -> None:
         """`seconds` more audio of `request_id` went to its listener."""
-        started, total = self._snapshot.playback.get(request_id, (None, 0.0))
-        self._update(request_id, (time.monotonic() if started is None else started, total + seconds))
+        def more(known: tuple[float | None, float] | None) -> tuple[float | None, float]:
+            started, total = known or (None, 0.0)
+            return time.monotonic() if started is None else started, total + seconds
+
+        self._update(request_id, more)
 
     def forget(self, request_id: str) -> None:
-        if request_id in self._snapshot.playback:
-            self._update(request_id, None)
+        self._update(request_id, lambda _: None)
 
-    def _update(self, request_id: str, value: tuple[float | None, float] | None) -> None:
+    def _update(self, request_id: str, change: Callable[[Any], tuple[float | None, float] | None]) -> None:
+        """Replace the snapshot with `request_id`'s entry changed (None: removed) and tell the
+        listeners, in the order of the changes."""
         with self._lock:
             playback = dict(self._snapshot.playback)
+            value = change(playback.get(request_id))
+            if value is None and request_id not in playback:
+                return
             if value is None:
-                playback.pop(request_id, None)
+                del playback[request_id]
             else:
                 playback[request_id] = value
             self._snapshot = PaceSnapshot(self._snapshot.policy, playback)
-            snapshot = self._snapshot
-        for listener in self.listeners:
-            listener(snapshot)
+            for listener in self.listeners:
+                listener(self._snapshot)

@@ -56,8 +56,7 @@ class AsyncEngineStage:
         """Send the engine the latest playback pacing; snapshots that pile up while one is
         on its way are skipped (only the newest matters)."""
         self._pace = snapshot
-        if self._pace_sender is None or self._pace_sender.done():
-            self._loop.call_soon_threadsafe(self._start_pace_sender)
+        self._loop.call_soon_threadsafe(self._start_pace_sender)  # whether one runs is decided on the loop
 
     def _start_pace_sender(self) -> None:
         if self._pace_sender is None or self._pace_sender.done():
@@ -115,6 +114,8 @@ class AsyncEngineStage:
             await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
 
     async def _shutdown(self) -> None:
+        if self._pace_sender is not None:
+            self._pace_sender.cancel()
         await self._cancel_all()
         await self.driver.shutdown()
 

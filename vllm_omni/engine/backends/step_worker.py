@@ -119,7 +119,8 @@ class StageWorker:
         """The requests to step this round, in order, and how long to sleep if there are none."""
         admitted = self._admitted()
         runnable = [rid for rid in self.program.runnable() if rid in admitted]
-        if self._pace is None or not runnable:
+        # No yielding while a request waits for a slot: only an answer's end frees one.
+        if self._pace is None or not runnable or len(self.program.request_ids()) > self.max_active:
             return runnable, IDLE_WAIT_S
         now = time.monotonic()
         yielding = self._pace.yielding(runnable, now)

@@ -56,11 +56,16 @@ PACE = PaceBoard()
 
 class _HoldingMixin:
     running: list
+    waiting: Any
     max_num_running_reqs: int
     max_num_active_reqs: int
 
     def _held(self, running: list) -> list:
-        """Running requests that sit out this step: those playback pacing lets yield."""
+        """Running requests that sit out this step: those playback pacing lets yield, unless
+        a waiting request needs a seat (held requests keep theirs, so the new turn would
+        wait for their playback instead of their generation)."""
+        if self.waiting and len(running) >= self.max_num_active_reqs:
+            return []
         yielding = PACE.yielding([external_request_id(r.request_id) for r in running])
         return [r for r in running if external_request_id(r.request_id) in yielding] if yielding else []
 
@@ -106,12 +111,14 @@ HOLDING_SCHEDULERS = (f"{__name__}.HoldingScheduler", f"{__name__}.HoldingAsyncS
 
 
 def paced_engine_kwargs(kwargs: dict[str, Any], cpu: bool, schedulers: tuple[str, str] = HOLDING_SCHEDULERS,
-                        executor: type = PacedExecutor) -> dict[str, Any]:
+                        executor: type = PacedExecutor, async_by_default: bool = True) -> dict[str, Any]:
     """`kwargs` with a holding scheduler (class paths: synchronous, asynchronous) and a
     pacing executor, unless the stage's config chose its own scheduler. Asynchronous
-    scheduling only where a stage asks for it, and never on CPU."""
+    scheduling where the stage asks for it or `async_by_default` (vLLM's own default on
+    GPUs), never on CPU; vLLM is told which, so its engine loop matches the scheduler."""
     if "scheduler_cls" not in kwargs:
-        async_scheduling = bool(kwargs.get("async_scheduling")) and not cpu
+        async_scheduling = bool(kwargs.get("async_scheduling", async_by_default)) and not cpu
         kwargs["scheduler_cls"] = schedulers[1] if async_scheduling else schedulers[0]
+        kwargs["async_scheduling"] = async_scheduling
     kwargs["distributed_executor_backend"] = executor
     return kwargs

@@ -67,10 +67,11 @@ class VllmTalkerDriver(VllmEngineDriver):
             worker_cls=worker_path("Talker", cpu=cpu_platform()))
 
     def scheduling(self) -> tuple:
-        """The text gate's scheduler and executor (talker_gate.py), which also pace."""
+        """The text gate's scheduler and executor (talker_gate.py), which also pace;
+        synchronous scheduling unless the stage asks for asynchronous."""
         from vllm_omni.models.qwen3_omni.vllm_backend.talker_gate import TalkerExecutor
 
-        return (GATE.format("TalkerScheduler"), GATE.format("TalkerAsyncScheduler")), TalkerExecutor
+        return (GATE.format("TalkerScheduler"), GATE.format("TalkerAsyncScheduler")), TalkerExecutor, False
 
     def starts_request(self, message: object) -> bool:
         return isinstance(message, TalkerJob)
