@@ -96,7 +96,8 @@ class OmniEngine:
                                             max_active=self.deploy.stage_by_role(role).engine_args.max_num_seqs or 8)
         self.max_requests = max_waiting_factor * self.workers[family.text_role].max_active
         self.pacer = PlaybackPacer(self.deploy.playback_pacing)
-        self.pacer.listeners = [worker.update_pace for worker in self.workers.values()]
+        if self.deploy.playback_pacing.enabled:  # off: no stage hears of playback (no RPC per audio chunk)
+            self.pacer.listeners = [worker.update_pace for worker in self.workers.values()]
         for worker in self.workers.values():
             worker.start()
         self._stopping = threading.Event()
