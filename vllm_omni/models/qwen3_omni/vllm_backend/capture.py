@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from vllm_omni.engine.backends.vllm.holding_scheduler import external_request_id
 from vllm_omni.engine.backends.vllm.tensor_wire import tensor_to_wire
 from vllm_omni.engine.backends.vllm.workers import RunnerExtensionWorkerMixin
 from vllm_omni.models.qwen3_omni.vllm_backend.row_store import PromptKey, PromptRowStore
@@ -121,15 +122,14 @@ class _CaptureRunnerMixin:
         """The prompt rows captured for the request whose internal id starts with `request_prefix`,
         [positions, 2 (layer 0, accept layer), hidden] in wire form (tensor_wire.py), NaN
         where neither the forward nor the store had them; forgets the request."""
-        key = next((k for k in self._omni_captures if k == request_prefix or k.startswith(request_prefix + "-")),
-                   None)
+        key = next((k for k in self._omni_captures if external_request_id(k) == request_prefix), None)
         capture = self._omni_captures.pop(key, None) if key is not None else None
         if capture is None or capture.rows is None:
             return None
         return tensor_to_wire(capture.rows[:capture.filled])
 
     def omni_forget(self, request_prefix: str) -> None:
-        for key in [k for k in self._omni_captures if k == request_prefix or k.startswith(request_prefix + "-")]:
+        for key in [k for k in self._omni_captures if external_request_id(k) == request_prefix]:
             del self._omni_captures[key]
 
     def omni_held_requests(self) -> int:
