@@ -65,14 +65,25 @@ def test_unreachable_server_is_one_line(tmp_path: Path, capsys) -> None:
     assert code == 1 and err.startswith("error: ") and err.count("\n") == 1
 
 
+def test_bench_refuses_a_negative_arrival_spread(tmp_path: Path, capsys) -> None:
+    code = main(["bench", "realtime", "--url", "http://127.0.0.1:9", "--wav",
+                 str(audio_fixture_path("speech_en_single.wav")), "--out-dir", str(tmp_path), "--no-baseline",
+                 "--arrival-spread-s", "-1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--arrival-spread-s must be 0 or more" in err and err.count("\n") == 1
+
+
 def test_bench_measures_server_and_baseline(server_url: str, tiny_checkpoint: Path, tmp_path: Path, capsys) -> None:
     out_dir = tmp_path / "bench"
     code = main(["bench", "realtime", "--url", server_url, "--sessions", "1,2", "--turns", "1",
                  "--wav", str(audio_fixture_path("speech_en_single.wav")), "--out-dir", str(out_dir),
-                 "--baseline-model", str(tiny_checkpoint), "--baseline-talker-tokens", "40"])
+                 "--baseline-model", str(tiny_checkpoint), "--baseline-talker-tokens", "40",
+                 "--arrival-spread-s", "0.5"])
     printed = capsys.readouterr().out
     assert code == 0, printed
-    results = json.loads((out_dir / "results.json").read_text())["results"]
+    written = json.loads((out_dir / "results.json").read_text())
+    assert written["settings"]["arrival_spread_s"] == 0.5
+    results = written["results"]
     assert set(results) == {"vllm-omni", "baseline"}
     for rows in results.values():
         assert [row["sessions"] for row in rows] == [1, 2]

@@ -8,10 +8,12 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from tests.conftest import read_fixture_pcm
-from tests.engine_helpers import make_engine, run_request
-from vllm_omni.engine import AudioChunk, Message, OmniRequest, RequestError, RequestFinished
+from tests.engine_helpers import RecordingFamily, make_engine, run_request
+from vllm_omni.config import get_deploy_config_path, load_deploy_config
+from vllm_omni.engine import AudioChunk, Message, OmniEngine, OmniRequest, RequestError, RequestFinished
 
 
 def request(text: str | None = None, audio: str | None = None, thinker: int = 12, talker: int = 40,
@@ -48,6 +50,20 @@ def test_eight_concurrent_requests_equal_their_solo_runs(engine) -> None:
         assert concurrent["final"].finish_reason in ("stop", "length")
         assert same_output(alone, concurrent)
     assert engine.num_active_requests() == 0
+
+
+def test_server_torch_threads_hold_for_the_engines_life(tiny_loaded) -> None:
+    outer = torch.get_num_threads()
+    chosen = 2 if outer == 1 else 1
+    deploy = load_deploy_config(get_deploy_config_path("qwen3_omni_tiny_cpu_torch"), platform="cpu")
+    engine = OmniEngine(RecordingFamily(tiny_loaded, deploy.model_copy(update={"server_torch_threads": chosen})))
+    try:
+        assert torch.get_num_threads() == chosen
+        result = asyncio.run(run_request(engine, request(text="Hello there.", thinker=4, talker=8)))
+        assert result["final"].finish_reason in ("stop", "length") and result["pcm"].size > 0
+    finally:
+        engine.shutdown()
+    assert torch.get_num_threads() == outer
 
 
 def test_more_requests_than_max_num_seqs_wait_their_turn(tiny_loaded) -> None:

@@ -109,7 +109,7 @@ def test_more_spoken_turns_than_the_audio_limit(engine) -> None:
                           sampling={"thinker": {"max_tokens": 4}, "talker": {"max_tokens": 8}})
     result = asyncio.run(run_request(engine, request))
     assert result["final"].finish_reason in ("stop", "length") and len(result["pcm"]) > 0
-    assert engine.family.last_render[1] == limit
+    assert engine.family.last_render[1] == limit + 1 - max(1, limit // 4)  # a quarter of the limit went
 
 
 def test_oldest_turns_lose_their_audio_first(tiny_loaded) -> None:

@@ -84,21 +84,28 @@ def _status(turn: TurnResult) -> str | None:
     return turn.response.status if turn.response is not None else None
 
 
+async def _after(delay_s: float, run: Awaitable[Any]) -> Any:
+    await asyncio.sleep(delay_s)
+    return await run
+
+
 async def run_level(url: str, pcm: bytes, sessions: int, turns: int, *, model: str | None = None,
                     server_vad: bool = False, transcribe: bool = False, duplex: bool = False,
-                    interruption: bytes | None = None,
+                    interruption: bytes | None = None, arrival_spread_s: float = 0.0,
                     on_turn: Callable[[TurnResult], None] | None = None) -> dict[str, Any]:
     """`sessions` concurrent sessions of `turns` turns each, audio paced in real time. With
     `interruption` (duplex lane), every turn is a barge-in: `interruption` is spoken over the
-    answer, which the server cancels, and is answered in turn. `on_turn`: called with each
-    answer as it ends."""
+    answer, which the server cancels, and is answered in turn. `arrival_spread_s`: session i
+    starts i * spread / sessions seconds in (0: all at once, so every turn of every session
+    ends at about the same moment, the worst case). `on_turn`: called with each answer as it
+    ends."""
     if interruption is not None:
         runs = [run_barge_in_session(url, pcm, interruption, turns=turns, model=model, transcribe=transcribe,
                                      on_turn=on_turn) for _ in range(sessions)]
     else:
         runs = [run_session(url, pcm, turns=turns, model=model, server_vad=server_vad, transcribe=transcribe,
                             duplex=duplex, on_turn=on_turn) for _ in range(sessions)]
-    outcomes, wall_s = await timed_gather(runs)
+    outcomes, wall_s = await timed_gather([_after(i * arrival_spread_s / sessions, run) for i, run in enumerate(runs)])
     finished = [o for o in outcomes if isinstance(o, SessionResult)]
     sessions_turns = [o.turns if isinstance(o, SessionResult) else [] for o in outcomes]
     results = [t for session_turns in sessions_turns for t in session_turns]
@@ -121,8 +128,8 @@ async def run_level(url: str, pcm: bytes, sessions: int, turns: int, *, model: s
 
 def run_benchmark(targets: dict[str, str], levels: Sequence[int], pcm: bytes, turns: int, *,
                   model: str | None = None, server_vad: bool = False, transcribed: Collection[str] = (),
-                  duplex: Collection[str] = (),
-                  interruption: bytes | None = None) -> dict[str, list[dict[str, Any]]]:
+                  duplex: Collection[str] = (), interruption: bytes | None = None,
+                  arrival_spread_s: float = 0.0) -> dict[str, list[dict[str, Any]]]:
     """For each target (name → URL), each concurrency level in turn; the `transcribed` targets'
     sessions ask for input transcription, the `duplex` ones use the duplex lane (and, with
     `interruption`, barge in on every answer: two responses a turn)."""
@@ -130,7 +137,8 @@ def run_benchmark(targets: dict[str, str], levels: Sequence[int], pcm: bytes, tu
     for name, url in targets.items():
         barge_in = interruption if name in duplex else None
         level = level_runner(run_level, url, pcm, turns, model=model, server_vad=server_vad,
-                             transcribe=name in transcribed, duplex=name in duplex, interruption=barge_in)
+                             transcribe=name in transcribed, duplex=name in duplex, interruption=barge_in,
+                             arrival_spread_s=arrival_spread_s)
         results[name] = run_levels(name, levels, level, answers_per_session=turns * (1 if barge_in is None else 2),
                                    unit="turns" if barge_in is None else "responses")
     return results

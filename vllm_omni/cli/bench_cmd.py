@@ -24,6 +24,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     realtime.add_argument("--endpoint", choices=ENDPOINTS, default="realtime",
                           help="realtime: WebSocket sessions (default); chat: each session a conversation of "
                                "streamed POST /v1/chat/completions requests (OpenAI audio output)")
+    realtime.add_argument("--arrival-spread-s", type=float, default=0.0,
+                          help="start the sessions evenly over this many seconds (default 0: all at once, the worst "
+                               "case; about the question's length is closer to real callers)")
     realtime.add_argument("--server-vad", action="store_true", help="server-side turn detection instead of commits")
     realtime.add_argument("--duplex", action="store_true",
                           help="drive --url's sessions over the duplex lane (a session_mode: duplex server)")
@@ -107,6 +110,9 @@ def run_realtime_bench(args: argparse.Namespace) -> int:
             raise ValueError(f"--baseline-model: no checkpoint folder at {args.baseline_model}")
         if args.turns < 1:
             raise ValueError(f"--turns must be at least 1, got {args.turns}")
+        if args.arrival_spread_s < 0 or (args.arrival_spread_s and over_chat):
+            raise ValueError(f"--arrival-spread-s must be 0 or more, on the realtime endpoint (got "
+                             f"{args.arrival_spread_s}, endpoint {args.endpoint})")
     except (WavError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -120,12 +126,14 @@ def run_realtime_bench(args: argparse.Namespace) -> int:
             results = chat.run_benchmark(targets, levels, pcm, args.turns, model=args.model)
         else:
             results = run_benchmark(targets, levels, pcm, args.turns, model=args.model, server_vad=args.server_vad,
-                                    transcribed=transcribed, duplex=duplex, interruption=interruption)
+                                    transcribed=transcribed, duplex=duplex, interruption=interruption,
+                                    arrival_spread_s=args.arrival_spread_s)
     settings = {"endpoint": args.endpoint, "targets": targets, "levels": levels, "turns": args.turns,
                 "wav": args.wav, "server_vad": args.server_vad or args.barge_in,
                 "transcribed_targets": sorted(transcribed), "duplex_targets": sorted(duplex),
                 "barge_in_wav": (args.barge_in_wav or args.wav) if args.barge_in else None,
                 "paced": "whole question per request" if over_chat else "real time",
+                "arrival_spread_s": args.arrival_spread_s,
                 "baseline": {"model": args.baseline_model, "thinker_max_new_tokens": args.baseline_thinker_tokens,
                              "talker_max_new_tokens": args.baseline_talker_tokens}}
     written = write_results(results, settings, Path(args.out_dir))

@@ -160,6 +160,11 @@ class DeployConfig(_Strict):
     session_defaults: SessionDefaults = Field(
         default_factory=SessionDefaults, validation_alias=AliasChoices("session_defaults", "duplex_session"))
     playback_pacing: PlaybackPacing = Field(default_factory=PlaybackPacing)
+    # Intra-op threads of the torch work in the server process (torch-backend stages such as
+    # code2wav, the thinker-to-talker bridge); unset keeps torch's default, one per core. Set it
+    # when vLLM stages own the cores (`cpu_cores`): torch's spare threads then wait for cores
+    # that are busy, and every operator waits for its slowest thread.
+    server_torch_threads: PositiveInt | None = None
     connectors: list[ConnectorConfig] = Field(default_factory=list)
     stages: list[StageConfig] = Field(min_length=1)
 

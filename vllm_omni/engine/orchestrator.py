@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import torch
 
 from vllm_omni.audio.pcm import float_to_pcm16
 from vllm_omni.engine.backends.async_stage import AsyncEngineStage
@@ -87,6 +88,9 @@ class OmniEngine:
         self.family = family
         self.deploy = family.deploy
         self._edges = check_stage_graph(self.deploy, family.name, family.roles, family.edges)
+        self._outer_torch_threads = torch.get_num_threads()  # the process's, restored at shutdown
+        if self.deploy.server_torch_threads is not None:
+            torch.set_num_threads(self.deploy.server_torch_threads)
         self._records: dict[str, _Record] = {}
         self._lock = threading.Lock()
         self.workers: dict[str, StageWorker | AsyncEngineStage] = {}
@@ -174,6 +178,7 @@ class OmniEngine:
         self._watcher.join()
         for worker in self.workers.values():
             worker.stop()
+        torch.set_num_threads(self._outer_torch_threads)
 
     # Admission --------------------------------------------------------------------------
 

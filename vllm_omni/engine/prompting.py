@@ -5,7 +5,8 @@ Messages become the Hugging Face chat-template shape (content parts of type 'ima
 family's decoded images and the audio features; the family renders them. When the
 conversation holds more items of a modality than the text stage's `limit_mm_per_prompt`,
 the oldest items of that modality go first; when it outgrows the context, the oldest turns
-are left out (system instructions and the current turn always stay). Also each stage's
+are left out (system instructions and the current turn always stay). Both go a quarter of the
+limit at a time, so that consecutive turns keep a common prefix for vLLM's prefix cache. Also each stage's
 sampling parameters for a request (`request_sampling`).
 """
 
@@ -41,26 +42,55 @@ def render_conversation(family: ModelFamily, messages: list[Message], tools: lis
     engine_args = family.deploy.stage_by_role(family.text_role).engine_args
     for modality in MEDIA:
         fit_media_limit(turns, modality, engine_args.mm_limit(modality), family.text_role)
-    while True:
-        prompt = family.render([t.message for t in turns], [f for t in turns for f in t.media["audio"]], tools,
-                               call_tool, images=[image for t in turns for image in t.media["image"]])
-        if len(prompt) < family.max_model_len:
-            return prompt
+    return fit_context(family, turns, tools, call_tool)
+
+
+def _render(family: ModelFamily, turns: list[Turn], tools: list[dict[str, Any]], call_tool: bool) -> Prompt:
+    return family.render([t.message for t in turns], [f for t in turns for f in t.media["audio"]], tools,
+                         call_tool, images=[image for t in turns for image in t.media["image"]])
+
+
+def fit_context(family: ModelFamily, turns: list[Turn], tools: list[dict[str, Any]] = (),
+                call_tool: bool = False) -> Prompt:
+    """The prompt of `turns`, the oldest (non-system) turns left out while it outgrows the
+    context. They go a quarter of the context at a time (the tokens left out are rounded up
+    to a multiple of it), so the turns that follow leave out the same ones and their prompts
+    share a prefix with this one: vLLM's prefix cache keeps hitting until the next quarter
+    goes, instead of missing on every turn once the context is full."""
+    prompt = _render(family, turns, tools, call_tool)
+    full = len(prompt)
+    if full < family.max_model_len:
+        return prompt
+    step = max(1, family.max_model_len // 4)
+    target = -(-(full - family.max_model_len + 1) // step) * step  # tokens to leave out, rounded up
+    turns = list(turns)
+    while full - len(prompt) < target:  # then the prompt fits, as target >= what must go
         oldest = next((i for i, t in enumerate(turns[:-1]) if t.message["role"] != "system"), None)
         if oldest is None:
+            if len(prompt) < family.max_model_len:
+                return prompt
             raise RequestError(f"prompt is {len(prompt)} tokens; the model's context is {family.max_model_len}")
         del turns[oldest]
+        prompt = _render(family, turns, tools, call_tool)
+    return prompt
 
 
 def fit_media_limit(turns: list[Turn], modality: str, limit: int, stage: str) -> None:
     """Keep at most `limit` items of `modality` (vLLM refuses more; the torch backend keeps the
-    same limit): the oldest items go first, and a turn left with no content goes. Items of the
-    current turn are never dropped: if they alone are too many, the request is refused."""
-    while sum(len(t.media[modality]) for t in turns) > limit:
-        oldest = next((i for i, t in enumerate(turns[:-1]) if t.media[modality]), None)
-        if oldest is None:
-            raise RequestError(f"the current turn carries {len(turns[-1].media[modality])} {modality} item(s), but "
-                               f"the {stage} stage's limit_mm_per_prompt allows {limit} {modality} items per prompt")
+    same limit): the oldest items go first, a quarter of the limit at a time (as turns go in
+    `fit_context`, so that later turns leave out the same items), and a turn left with no
+    content goes. Items of the current turn are never dropped: if they alone are too many, the
+    request is refused."""
+    count = sum(len(t.media[modality]) for t in turns)
+    if count <= limit:
+        return
+    if len(turns[-1].media[modality]) > limit:
+        raise RequestError(f"the current turn carries {len(turns[-1].media[modality])} {modality} item(s), but "
+                           f"the {stage} stage's limit_mm_per_prompt allows {limit} {modality} items per prompt")
+    step = max(1, limit // 4)
+    droppable = count - len(turns[-1].media[modality])
+    for _ in range(min(droppable, -(-(count - limit) // step) * step)):
+        oldest = next(i for i, t in enumerate(turns[:-1]) if t.media[modality])
         turn = turns[oldest]
         parts = list(turn.message["content"])
         del parts[next(i for i, part in enumerate(parts) if part["type"] == modality)]
