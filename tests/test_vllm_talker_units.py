@@ -135,43 +135,6 @@ def test_tensors_cross_rpc_replies_as_bytes(dtype: torch.dtype) -> None:
     assert torch.equal(tensor_from_wire(wire), tensor)
 
 
-class StandInEngine:
-    """Answers `omni_take_frames` after a short delay and records each call's request ids."""
-
-    def __init__(self, fail: bool = False):
-        self.calls: list[list[str]] = []
-        self.fail = fail
-
-    async def collective_rpc(self, method: str, args: tuple) -> list[dict]:
-        import asyncio
-
-        self.calls.append(list(args[0]))
-        await asyncio.sleep(0.05)
-        if self.fail:
-            raise RuntimeError("engine dead")
-        return [{rid: [[len(self.calls)] * 16] for rid in args[0]}]
-
-
-def test_frame_pump_serves_waiting_requests_with_one_call() -> None:
-    import asyncio
-
-    from vllm_omni.models.qwen3_omni.vllm_backend.rpc_pumps import FramePump
-
-    async def scenario():
-        engine = StandInEngine()
-        pump = FramePump(engine)
-        first = asyncio.create_task(pump.take("a"))
-        await asyncio.sleep(0.01)  # "a" is in flight; b and c wait for the next call together
-        rest = await asyncio.gather(pump.take("b"), pump.take("c"))
-        assert await first == [[1] * 16] and rest == [[[2] * 16], [[2] * 16]]
-        assert engine.calls == [["a"], ["b", "c"]]
-        failing = FramePump(StandInEngine(fail=True))
-        with pytest.raises(RuntimeError, match="engine dead"):
-            await failing.take("a")
-
-    asyncio.run(scenario())
-
-
 class StandInFeed:
     """Answers `omni_push_texts` after a short delay; records each call's pushes."""
 
@@ -204,5 +167,34 @@ def test_text_pump_sends_every_waiting_request_in_one_call_and_settles_before_a_
         await asyncio.sleep(0.1)
         assert engine.calls == [[["a", [1, 2], False]], [["b", [3], False]]]
         later.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_frames_cross_the_channel_in_order_for_open_requests_only() -> None:
+    import asyncio
+    import os
+
+    from vllm_omni.models.qwen3_omni.vllm_backend.frame_channel import FrameReceiver, FrameSender, new_frame_address
+
+    async def scenario():
+        receiver = FrameReceiver(new_frame_address())
+        receiver.start()
+        try:
+            queue = receiver.open("a")
+            sender = FrameSender(receiver.address)
+            sender.send({"a": [[1] * 16, [2] * 16], "gone": [[9] * 16]})
+            sender.send({})  # nothing to send: no message
+            sender.send({"a": [[3] * 16]})
+            got = [await asyncio.wait_for(queue.get(), 5) for _ in range(3)]
+            assert got == [[1] * 16, [2] * 16, [3] * 16]
+            assert receiver.open("gone").empty()  # frames of a request not open then were dropped
+            receiver.close_request("a")
+            sender.send({"a": [[4] * 16]})
+            await asyncio.sleep(0.1)
+            assert queue.empty()
+        finally:
+            receiver.close()
+        assert not os.path.exists(receiver.address.removeprefix("ipc://"))
 
     asyncio.run(scenario())

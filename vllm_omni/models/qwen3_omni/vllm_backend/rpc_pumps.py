@@ -1,4 +1,4 @@
-"""Many talker requests' RPCs to their engine, each kind batched into one `collective_rpc`.
+"""Many talker requests' text pushes to their engine, batched into one `collective_rpc`.
 
 Every RPC waits for the engine loop between two steps and then for a round trip to the
 worker processes, so one call per request per step would take more of the engine's time
@@ -30,36 +30,6 @@ class _Pump:
         """Stop a call that may never return (its engine died)."""
         if self._task is not None:
             self._task.cancel()
-
-
-class FramePump(_Pump):
-    """Takes finished frames for many requests with one `collective_rpc`: requests asking
-    while a call is in flight are served together by the next one (each RPC is handled by
-    the engine loop between steps, so one per request per step would add up)."""
-
-    def __init__(self, engine: Any):
-        self.engine = engine
-        self._waiting: dict[str, asyncio.Future] = {}
-
-    async def take(self, request_id: str) -> list[list[int]]:
-        future = asyncio.get_running_loop().create_future()
-        self._waiting[request_id] = future
-        self._wake()
-        return await future
-
-    async def _pump(self) -> None:
-        while self._waiting:
-            batch, self._waiting = self._waiting, {}
-            try:
-                replies = (await self.engine.collective_rpc("omni_take_frames", args=(list(batch),)))[0]
-            except Exception as exc:  # e.g. a dead engine: every waiting request fails with it
-                for future in batch.values():
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            for request_id, future in batch.items():
-                if not future.done():  # a cancelled request's frames are forgotten with it
-                    future.set_result(replies.get(request_id, []))
 
 
 class TextPump(_Pump):

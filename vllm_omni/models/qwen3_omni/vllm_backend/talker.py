@@ -6,11 +6,11 @@ when images make them non-sequential (the worker installs them, talker_worker.py
 the thinker feeds back arrives later (`feed`) and is pushed, in order, into the engine's
 `TextFeed` by one pusher task per request (all requests' pushes ride one `collective_rpc`,
 `TextPump`); the engine's scheduler holds a decode step
-until its text row exists. Each engine output carries new codebook-0 ids; the frames they complete (codes
-1..15 from the code predictor, run inside the next talker step) are taken with
-`collective_rpc("omni_take_frames")` (one call for all requests waiting, `FramePump`)
-and emitted as `CodecFrame`s. The last sampled id
-(EOS or the one reaching max_tokens) gets no frame, as in the reference.
+until its text row exists. Each engine output carries new codebook-0 ids; the frames they
+complete (codes 1..15 from the code predictor, run right after the sampler) come from the
+worker over a socket of their own (frame_channel.py), ahead of the output, and are emitted as
+`CodecFrame`s. The last sampled id (EOS or the one reaching max_tokens) gets no frame, as in
+the reference.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from vllm_omni.engine.stage_api import Emit, StageDone
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
 from vllm_omni.models.qwen3_omni.messages import CodecFrame, TalkerJob, ThinkerFinished, TrailingText
 from vllm_omni.models.qwen3_omni.talker_bridge import ThinkerToTalkerBridge
-from vllm_omni.models.qwen3_omni.vllm_backend.rpc_pumps import FramePump, TextPump
+from vllm_omni.models.qwen3_omni.vllm_backend.frame_channel import FRAME_ADDRESS_KEY, FrameReceiver, new_frame_address
+from vllm_omni.models.qwen3_omni.vllm_backend.rpc_pumps import TextPump
 from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import (
     IGNORE_EOS_KEY,
     MROPE_POSITIONS_KEY,
@@ -37,6 +38,7 @@ from vllm_omni.models.vllm_plugin import QWEN3_OMNI_TALKER
 
 GATE = "vllm_omni.models.qwen3_omni.vllm_backend.talker_gate.{}"
 _FINISHED = object()  # end marker in a request's text queue
+FRAME_WAIT_S = 10.0  # a finished request's last frames left the worker before its output did
 
 
 class VllmTalkerDriver(VllmEngineDriver):
@@ -45,13 +47,16 @@ class VllmTalkerDriver(VllmEngineDriver):
         self.bridge = ThinkerToTalkerBridge(checkpoint)
         self.eos_token_id = checkpoint.config.talker_config.codec_eos_token_id
         self._text_queues: dict[str, asyncio.Queue] = {}
-        self._frame_pump: FramePump | None = None
+        self._frames = FrameReceiver(new_frame_address())
         self._text_pump: TextPump | None = None
 
     def engine_kwargs(self) -> dict[str, Any]:
         if self.stage.engine_args.enforce_eager is False:
             raise ValueError(f"stage {self.stage.stage_id} (talker) on vLLM: enforce_eager must be true (the "
                              "per-step code predictor and text rows run as Python around the decoder)")
+        if self.stage.engine_args.extra.get("async_scheduling"):
+            raise ValueError(f"stage {self.stage.stage_id} (talker) on vLLM: async_scheduling must be off (a "
+                             "frame is completed from the sampler's output in the step that sampled it)")
         # Prefix caching: vLLM hashes a prompt-embeds block by its rows' bytes, so a later turn
         # reuses the KV of the earlier user turns where the bridge projects the same thinker rows
         # (capture.py) to the same bytes (it does on CPU; elsewhere a miss only costs the
@@ -63,12 +68,12 @@ class VllmTalkerDriver(VllmEngineDriver):
             self.stage, self.checkpoint_path, prefix_caching=True,
             hf_overrides={"architectures": [QWEN3_OMNI_TALKER]}, enable_prompt_embeds=True, skip_tokenizer_init=True,
             limit_mm_per_prompt={"audio": 0, "image": 0, "video": 0},
-            enforce_eager=True,
+            enforce_eager=True, additional_config={FRAME_ADDRESS_KEY: self._frames.address},
             worker_cls=worker_path("Talker", cpu=cpu_platform()))
 
     def scheduling(self) -> tuple:
         """The text gate's scheduler and executor (talker_gate.py), which also pace;
-        synchronous scheduling unless the stage asks for asynchronous."""
+        synchronous scheduling."""
         from vllm_omni.models.qwen3_omni.vllm_backend.talker_gate import TalkerExecutor
 
         return (GATE.format("TalkerScheduler"), GATE.format("TalkerAsyncScheduler")), TalkerExecutor, False
@@ -77,14 +82,15 @@ class VllmTalkerDriver(VllmEngineDriver):
         return isinstance(message, TalkerJob)
 
     async def start(self) -> None:
+        self._frames.start()
         await super().start()
-        self._frame_pump, self._text_pump = FramePump(self.engine), TextPump(self.engine)
+        self._text_pump = TextPump(self.engine)
 
     async def shutdown(self) -> None:
-        for pump in (self._frame_pump, self._text_pump):
-            if pump is not None:
-                pump.close()
-        self._frame_pump = self._text_pump = None
+        if self._text_pump is not None:
+            self._text_pump.close()
+        self._text_pump = None
+        self._frames.close()
         await super().shutdown()
 
     def _text_queue(self, request_id: str) -> asyncio.Queue:
@@ -131,6 +137,7 @@ class VllmTalkerDriver(VllmEngineDriver):
             repetition_penalty=1.0, ignore_eos=False,  # both applied by the model (vllm_talker_model.py)
             extra_args=extra)
         pusher = asyncio.create_task(self._push_text(request_id, self._text_queue(request_id)))
+        frames_in = self._frames.open(request_id)
         codes0: list[int] = []
         frames = 0
         try:
@@ -142,10 +149,15 @@ class VllmTalkerDriver(VllmEngineDriver):
                     codes0 += output.outputs[0].token_ids
                     if pusher.done():
                         pusher.result()  # surfaces a failed push
-                    for frame in await self._frame_pump.take(request_id):
+                    while not frames_in.empty():
                         frames += 1
-                        emit(CodecFrame(tuple(frame)))
+                        emit(CodecFrame(tuple(frames_in.get_nowait())))
                     if output.finished:
+                        ended = bool(codes0) and (codes0[-1] == self.eos_token_id or len(codes0) >= params.max_tokens)
+                        for _ in range(len(codes0) - ended - frames):  # on their way still (seldom)
+                            frames += 1
+                            emit(CodecFrame(tuple(await asyncio.wait_for(frames_in.get(), FRAME_WAIT_S))))
                         emit(StageDone("stop" if codes0 and codes0[-1] == self.eos_token_id else "length", frames))
         finally:
+            self._frames.close_request(request_id)
             await self.forget_in_engine(request_id, feeder=pusher)

@@ -9,15 +9,17 @@ vLLM's.
 
 What a plain LLM does not have, and how it is done here:
 * The prompt is embeddings (`enable_prompt_embeds`), built by the orchestrator's bridge.
+* A frame is its codebook-0 id plus codebooks 1..15 from the code predictor, which runs
+  right after vLLM's sampler (`complete_sampled`, called by the model runner,
+  talker_worker.py) from the request's last output state and the sampled id, so a frame is
+  complete in the step that sampled it (and leaves through frame_channel.py at once).
 * A decode step's input is not the sampled id's embedding but the sum of the previous
   frame's 16 codec embeddings plus the next trailing-text row. Before each forward the
-  model runner (vllm_talker_worker.py) hands the model a `TalkerStepPlan`: which rows of
-  the flattened batch belong to which request, their prompt lengths and the scheduled
-  token ids. For each decode row the model runs the code predictor (codebooks 1..15)
-  from that request's last output state and the sampled codebook-0 id, files the frame,
-  and replaces the row's input with codec sum + text row. The text rows come from the
-  `TextFeed` the orchestrator fills through `collective_rpc`; the scheduler
-  (vllm_talker_gate.py) runs a decode step only once its text row exists.
+  model runner hands the model a `TalkerStepPlan`: which rows of the flattened batch
+  belong to which request, their prompt lengths and the scheduled token ids; each decode
+  row's input becomes the codec sum + text row. The text rows come from the `TextFeed` the
+  orchestrator fills through `collective_rpc`; the scheduler (vllm_talker_gate.py) runs a
+  decode step only once its text row exists.
 * `compute_logits` applies the talker's repetition penalty over the codebook-0 ids
   generated so far (vLLM's own penalty would also count the prompt's placeholder ids),
   masks the codec EOS for `ignore_eos` requests (vLLM only knows a tokenizer's EOS) and
@@ -76,7 +78,8 @@ class TalkerRequestState:
     residual_sampler: TokenSampler
     last_hidden: torch.Tensor | None = None  # [D] output at the request's last scheduled position
     decode_inputs: list[torch.Tensor] = field(default_factory=list)  # per decode step (kept for recompute)
-    codes0: list[int] = field(default_factory=list)  # codebook-0 ids fed back so far
+    codes0: list[int] = field(default_factory=list)  # codebook-0 ids sampled so far
+    codec_sum: torch.Tensor | None = None  # [D] the last frame's codec embeddings, summed: the next input's
     frames: list[list[int]] = field(default_factory=list)  # finished frames not yet taken
 
 
@@ -223,12 +226,13 @@ class Qwen3OmniTalkerForVllm(nn.Module):
         self.requests[request_id] = state
         return state
 
-    def take_frames(self, request_id: str) -> list[list[int]]:
-        state = self.requests.get(request_id)
-        if state is None:
-            return []
-        frames, state.frames = state.frames, []
-        return frames
+    def take_frames(self) -> dict[str, list[list[int]]]:
+        """Every request's finished frames not taken before, in order, by vLLM request id."""
+        taken = {}
+        for request_id, state in self.requests.items():
+            if state.frames:
+                taken[request_id], state.frames = state.frames, []
+        return taken
 
     def forget(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
@@ -247,7 +251,7 @@ class Qwen3OmniTalkerForVllm(nn.Module):
 
     def _substitute_decode_inputs(self, plan: TalkerStepPlan, hidden: torch.Tensor) -> torch.Tensor:
         """Replace every decode row's input with codec sum of the previous frame + text row."""
-        new_rows: list[tuple[int, str, int, int]] = []  # (batch row, request, decode step, codebook-0 id)
+        new_rows: list[tuple[int, str, int]] = []  # (batch row, request, decode step)
         for planned in plan.requests:
             state = self.requests[planned.request_id]
             # A request's rows are consecutive in its sequence: skip its prompt rows without a loop.
@@ -256,22 +260,41 @@ class Qwen3OmniTalkerForVllm(nn.Module):
                 step = first_step + row - planned.start
                 if step < len(state.decode_inputs):  # recomputed after preemption: same input as before
                     hidden[row] = state.decode_inputs[step]
+                elif state.codec_sum is None or int(plan.token_ids[row]) != state.codes0[-1]:
+                    raise RuntimeError(f"talker request {planned.request_id}: step {step} has no frame of its "
+                                       "sampled codebook-0 id")
                 else:
-                    new_rows.append((row, planned.request_id, step, int(plan.token_ids[row])))
+                    new_rows.append((row, planned.request_id, step))
         if not new_rows:
             return hidden
-        codes0 = torch.tensor([code for *_, code in new_rows], device=hidden.device)
-        last_hidden = torch.stack([self.requests[rid].last_hidden for _, rid, _, _ in new_rows])
-        frames, codec_sums = self._complete_frames(last_hidden, codes0, [rid for _, rid, _, _ in new_rows])
-        text_rows = self._text_rows([self._text_token(rid, step) for _, rid, step, _ in new_rows])
-        inputs = (codec_sums + text_rows).to(hidden.dtype)
-        for (row, rid, _, code0), frame, row_input in zip(new_rows, frames, inputs, strict=True):
+        text_rows = self._text_rows([self._text_token(rid, step) for _, rid, step in new_rows])
+        for (row, rid, _), text_row in zip(new_rows, text_rows, strict=True):
             state = self.requests[rid]
-            state.codes0.append(code0)
+            row_input = (state.codec_sum + text_row).to(hidden.dtype)
             state.decode_inputs.append(row_input)
-            state.frames.append(frame)
+            state.codec_sum = None
             hidden[row] = row_input
         return hidden
+
+    def complete_sampled(self, sampled: list[tuple[str, int, bool]]) -> None:
+        """After the sampler: (request, codebook-0 id, whether it makes a frame) per request
+        that sampled one. A frame's codes 1..15 and codec sum come from the code predictor;
+        the id that ends a request (EOS, or the last of its max_tokens) makes none, as in the
+        reference."""
+        framed = []
+        for request_id, code0, makes_frame in sampled:
+            self.requests[request_id].codes0.append(code0)
+            if makes_frame:
+                framed.append((request_id, code0))
+        if not framed:
+            return
+        codes0 = torch.tensor([code for _, code in framed], device=self.suppressed.device)
+        last_hidden = torch.stack([self.requests[rid].last_hidden for rid, _ in framed])
+        frames, codec_sums = self._complete_frames(last_hidden, codes0, [rid for rid, _ in framed])
+        for (rid, _), frame, codec_sum in zip(framed, frames, codec_sums, strict=True):
+            state = self.requests[rid]
+            state.frames.append(frame)
+            state.codec_sum = codec_sum
 
     def _complete_frames(self, last_hidden: torch.Tensor, codes0: torch.Tensor,
                          request_ids: list[str]) -> tuple[list[list[int]], torch.Tensor]:

@@ -1,6 +1,8 @@
 """The talker engine's worker: a runner extension that tells the talker model, before each
-forward, how the flattened batch is laid out (`TalkerStepPlan`), and the RPC methods the
-orchestrator calls through `collective_rpc` (push text, take finished frames, forget).
+forward, how the flattened batch is laid out (`TalkerStepPlan`) and, after the sampler, which
+codebook-0 ids were sampled (the model completes their frames, which the worker pushes to
+the driver at once: frame_channel.py), and the RPC methods the orchestrator calls through
+`collective_rpc` (push text, forget).
 
 The plan is built in `_model_forward` (the runner has updated its persistent batch and
 prepared the inputs by then) from `input_batch.req_ids`, the scheduler's per-request
@@ -19,6 +21,7 @@ import torch
 from vllm_omni.config import SamplingParams
 from vllm_omni.engine.backends.vllm.holding_scheduler import external_request_id
 from vllm_omni.engine.backends.vllm.workers import RunnerExtensionWorkerMixin
+from vllm_omni.models.qwen3_omni.vllm_backend.frame_channel import FRAME_ADDRESS_KEY, FrameSender
 from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import (
     IGNORE_EOS_KEY,
     MROPE_POSITIONS_KEY,
@@ -47,6 +50,23 @@ class _TalkerRunnerMixin:
         finally:
             self._omni_scheduled = None
             self.get_model().plan = None
+
+    def sample_tokens(self, *args: Any, **kwargs: Any) -> Any:
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        output = super().sample_tokens(*args, **kwargs)
+        if not isinstance(output, ModelRunnerOutput):  # the talker runs synchronous scheduling only
+            raise RuntimeError(f"talker: the sampler's output is a {type(output).__name__}, not a ModelRunnerOutput")
+        model = self.get_model()
+        sampled = []
+        for request_id, token_ids in zip(output.req_ids, output.sampled_token_ids, strict=True):
+            if token_ids and request_id in model.requests:  # none after a partial prefill chunk
+                code0 = token_ids[-1]
+                count = len(model.requests[request_id].codes0) + 1  # sampled ids, this one included
+                ends = code0 == model.eos_token_id or count >= self.requests[request_id].sampling_params.max_tokens
+                sampled.append((request_id, code0, not ends))
+        model.complete_sampled(sampled)
+        return output
 
     def _init_mrope_positions(self, req_state: Any) -> None:
         """The prompt's positions as the orchestrator computed them, where it sent them."""
@@ -82,6 +102,16 @@ class _TalkerRunnerMixin:
 
 class TalkerWorkerMixin(RunnerExtensionWorkerMixin):
     runner_mixin = _TalkerRunnerMixin
+    _omni_frames: FrameSender | None = None
+
+    def sample_tokens(self, *args: Any, **kwargs: Any) -> Any:
+        output = super().sample_tokens(*args, **kwargs)
+        frames = self.model_runner.get_model().take_frames()
+        if frames and self.rank == 0:  # every tensor-parallel rank completes the same frames; one sends them
+            if self._omni_frames is None:
+                self._omni_frames = FrameSender(self.vllm_config.additional_config[FRAME_ADDRESS_KEY])
+            self._omni_frames.send({external_request_id(key): taken for key, taken in frames.items()})
+        return output
 
     def _internal_ids(self, request_id: str) -> list[str]:
         return [key for key in self.model_runner.get_model().requests if external_request_id(key) == request_id]
@@ -90,13 +120,6 @@ class TalkerWorkerMixin(RunnerExtensionWorkerMixin):
         """[request id, token ids, finished] per request (rpc_pumps.TextPump)."""
         for request_id, token_ids, finished in pushes:
             TEXT_FEED.push(request_id, token_ids, finished)
-
-    def omni_take_frames(self, request_ids: list[str]) -> dict[str, list[list[int]]]:
-        """Finished frames (16 codes each) of these requests, in order; each frame once."""
-        model = self.model_runner.get_model()
-        wanted = set(request_ids)
-        return {external_request_id(key): model.take_frames(key)
-                for key in list(model.requests) if external_request_id(key) in wanted}
 
     def omni_forget(self, request_id: str) -> None:
         model = self.model_runner.get_model()

@@ -1,0 +1,93 @@
+"""Codec frames from the talker's worker straight to the stage driver, over a ZeroMQ socket.
+
+A frame is complete once its codebook-0 id is sampled and the code predictor has run
+(talker_worker.py, right after vLLM's sampler). The worker pushes the step's frames at once,
+before vLLM even returns the step's output, so a frame leaves the engine with the step that
+made it. Asking for them with `collective_rpc` instead would wait for the engine loop, which
+by then is running the next step: every frame would be a step late, the first one included.
+
+The driver binds a PULL socket at an `ipc://` address it passes to the engine in vLLM's
+`additional_config`; the worker of tensor-parallel rank 0 connects a PUSH socket to it (a
+restarted engine connects again). Messages are JSON: {request id: [[16 codes], ...]}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import tempfile
+import uuid
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+logger = logging.getLogger(__name__)
+
+FRAME_ADDRESS_KEY = "omni_frame_address"  # in vLLM's additional_config
+
+
+def new_frame_address() -> str:
+    return f"ipc://{os.path.join(tempfile.gettempdir(), f'vllm-omni-frames-{uuid.uuid4().hex[:12]}')}"
+
+
+class FrameSender:
+    """The worker's end: pushes frames, never blocks the step (a message queues in ZeroMQ)."""
+
+    def __init__(self, address: str):
+        self._socket = zmq.Context.instance().socket(zmq.PUSH)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.connect(address)
+
+    def send(self, frames: dict[str, list[list[int]]]) -> None:
+        if frames:
+            self._socket.send_json(frames)
+
+
+class FrameReceiver:
+    """The driver's end: one reader task files incoming frames under their request, for the
+    requests that are open (frames of a request no longer open are dropped)."""
+
+    def __init__(self, address: str):
+        self.address = address
+        self._socket: Any = None
+        self._reader: asyncio.Task | None = None
+        self._queues: dict[str, asyncio.Queue] = {}
+
+    def start(self) -> None:
+        self._socket = zmq.asyncio.Context.instance().socket(zmq.PULL)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(self.address)
+        self._reader = asyncio.create_task(self._read())
+
+    def open(self, request_id: str) -> asyncio.Queue:
+        """The request's frame queue (open it before the request reaches the engine)."""
+        return self._queues.setdefault(request_id, asyncio.Queue())
+
+    def close_request(self, request_id: str) -> None:
+        self._queues.pop(request_id, None)
+
+    async def _read(self) -> None:
+        while True:
+            try:
+                message = await self._socket.recv_json()
+            except ValueError as bad:  # never from our worker; one bad message must not stop the rest
+                logger.warning("talker frame channel: unreadable message (%s)", bad)
+                continue
+            for request_id, frames in message.items():
+                queue = self._queues.get(request_id)
+                if queue is not None:
+                    for frame in frames:
+                        queue.put_nowait(frame)
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            self._reader = None
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        path = self.address.removeprefix("ipc://")
+        if os.path.exists(path):
+            os.unlink(path)
