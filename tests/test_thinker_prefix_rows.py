@@ -97,10 +97,12 @@ class FakeThinkerEngine:
     def __init__(self, rows: list[torch.Tensor], eos: int):
         self.rows, self.eos = rows, eos
         self.prompts: list[dict] = []
+        self.request_ids: list[str] = []
         self.calls: list[str] = []
 
     async def generate(self, prompt, sampling, request_id):
         self.prompts.append(prompt)
+        self.request_ids.append(request_id)
         for token, finished in ((7, False), (self.eos, True)):
             yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=[token], finish_reason="stop")],
                                   num_cached_tokens=0, finished=finished)
@@ -110,7 +112,7 @@ class FakeThinkerEngine:
         return [tensor_to_wire(self.rows.pop(0))] if method == "omni_take_hidden_rows" else [None]
 
 
-def run_thinker(tiny_loaded, rows: list[torch.Tensor]) -> tuple[FakeThinkerEngine, list]:
+def run_thinker(tiny_loaded, rows: list[torch.Tensor]) -> tuple[FakeThinkerEngine, list, list]:
     from vllm_omni.config import SamplingParams, StageConfig
     from vllm_omni.models.qwen3_omni.messages import ThinkerJob, ThinkerPrefilled
     from vllm_omni.models.qwen3_omni.prompt import ThinkerPrompt
@@ -122,7 +124,7 @@ def run_thinker(tiny_loaded, rows: list[torch.Tensor]) -> tuple[FakeThinkerEngin
                      report_prefill=True)
     emitted: list = []
     asyncio.run(driver.run("req", job, emitted.append))
-    return driver.engine, [event for event in emitted if isinstance(event, ThinkerPrefilled)]
+    return driver.engine, [event for event in emitted if isinstance(event, ThinkerPrefilled)], emitted
 
 
 def prompt_ids(config) -> list[int]:
@@ -133,20 +135,27 @@ def prompt_ids(config) -> list[int]:
              start, config.assistant_token_id, nl])
 
 
-def test_a_row_the_talker_reads_missing_from_the_store_reruns_the_request_uncached(tiny_loaded) -> None:
+def test_a_row_the_talker_reads_missing_from_the_store_is_taken_from_an_uncached_prefill(tiny_loaded) -> None:
+    from vllm_omni.engine.stage_api import TextToken
+    from vllm_omni.models.qwen3_omni.messages import ThinkerPrefilled
+
     length, hidden = len(prompt_ids(tiny_loaded.config)), tiny_loaded.config.thinker_config.text_config.hidden_size
     full = torch.randn(length, 2, hidden)
     unread_missing = full.clone()
     unread_missing[:6] = float("nan")  # the system segment
     unread_missing[12:18] = float("nan")  # the earlier answer
-    engine, prefilled = run_thinker(tiny_loaded, [unread_missing])
+    engine, prefilled, emitted = run_thinker(tiny_loaded, [unread_missing])
     assert len(engine.prompts) == 1 and len(prefilled) == 1
+    # The first token goes out before the rows are taken: the text does not wait for them.
+    assert [type(event) for event in emitted[:2]] == [TextToken, ThinkerPrefilled]
     assert torch.equal(prefilled[0].prefill.embeddings[6:12], full[6:12, 0])
 
     read_missing = full.clone()
     read_missing[8] = float("nan")  # in a user segment
-    engine, prefilled = run_thinker(tiny_loaded, [read_missing, full])
-    assert len(engine.prompts) == 2 and len(prefilled) == 1  # nothing emitted by the first try
+    engine, prefilled, emitted = run_thinker(tiny_loaded, [read_missing, full])
+    assert len(engine.prompts) == 2 and len(prefilled) == 1
+    assert [event.token_id for event in emitted if isinstance(event, TextToken)] == [7, engine.eos]  # text once
     assert "cache_salt" not in engine.prompts[0] and engine.prompts[1]["cache_salt"]  # no cached block matches
-    assert engine.calls == ["omni_take_hidden_rows", "omni_take_hidden_rows", "omni_forget"]
+    assert engine.request_ids == ["req", "req-rows"]  # the rows' prefill runs beside the request
+    assert engine.calls == ["omni_take_hidden_rows", "omni_take_hidden_rows", "omni_forget", "omni_forget"]
     assert torch.equal(prefilled[0].prefill.accept_hidden, full[:, 1])

@@ -14,8 +14,10 @@ Prefix caching is on (unless the stage turns it off): each turn of a conversatio
 only what the previous turns did not. The rows of cached positions come from the prompts the
 worker kept (row_store.py), NaN where it kept none. Those of an earlier answer are never read;
 should a row the talker reads be missing (its prompt was evicted, or was still in its
-prefill when vLLM let this request share its blocks), the request runs once more with a
-fresh `cache_salt`, which no cached block matches, before anything of it was emitted.
+prefill when vLLM let this request share its blocks), the prompt is prefilled once more
+beside it (one token, with a fresh `cache_salt`, which no cached block matches) for its rows;
+the request's text streams on meanwhile. The first token is emitted before the rows are
+taken: the text does not wait for them.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ from vllm_omni.models.qwen3_omni.vllm_backend.workers import worker_path
 from vllm_omni.models.vllm_plugin import QWEN3_OMNI_THINKER
 
 logger = logging.getLogger(__name__)
+
+
+UNCACHED_ROWS_SUFFIX = "-rows"  # the request id of a prompt's uncached prefill for its rows
 
 
 class RowsNotKept(RuntimeError):
@@ -113,35 +118,54 @@ class VllmThinkerDriver(VllmEngineDriver):
             prompt["cache_salt"] = cache_salt
         return prompt
 
-    async def _prompt_rows(self, request_id: str, first_token: int, input_ids: list[int]) -> ThinkerPrefill:
+    async def _take_rows(self, request_id: str) -> torch.Tensor:
         rows = (await self.engine.collective_rpc("omni_take_hidden_rows", args=(request_id,)))[0]
         if rows is None:
             raise RuntimeError(f"no thinker rows were captured for request {request_id}")
-        captured = tensor_from_wire(rows).to(self.checkpoint.talker.dtype)
+        return tensor_from_wire(rows).to(self.checkpoint.talker.dtype)
+
+    def _checked_rows(self, request_id: str, captured: torch.Tensor, input_ids: list[int]) -> torch.Tensor:
         if captured.shape[0] != len(input_ids):
             raise RuntimeError(f"captured {captured.shape[0]} thinker rows for a {len(input_ids)}-token prompt")
         if captured[rows_the_talker_reads(input_ids, *self.segment_ids)].isnan().any():
             raise RowsNotKept(f"thinker request {request_id}: rows of its cached prefix were not kept")
+        return captured
+
+    async def _uncached_rows(self, request_id: str, job: ThinkerJob) -> torch.Tensor:
+        """The prompt's rows from a one-token prefill that no cached block matches."""
+        rows_id = f"{request_id}{UNCACHED_ROWS_SUFFIX}"
+        sampling = vllm_sampling(job.sampling, [self.eos_token_id], max_tokens=1, min_tokens=0)
+        try:
+            async with aclosing(self.engine.generate(self._prompt(job, uuid.uuid4().hex), sampling, rows_id)) as outs:
+                async for _ in outs:
+                    pass
+            return self._checked_rows(rows_id, await self._take_rows(rows_id), job.prompt.input_ids)
+        finally:
+            await self.forget_in_engine(rows_id)
+
+    async def _prompt_rows(self, request_id: str, first_token: int, job: ThinkerJob) -> ThinkerPrefill:
+        input_ids = job.prompt.input_ids
+        try:
+            captured = self._checked_rows(request_id, await self._take_rows(request_id), input_ids)
+        except RowsNotKept as missing:
+            logger.info("%s; prefilling it again beside it without the prefix cache", missing)
+            captured = await self._uncached_rows(request_id, job)
         return ThinkerPrefill(first_token=first_token, embeddings=captured[:, 0], accept_hidden=captured[:, 1])
 
     async def run(self, request_id: str, message: object, emit: Emit) -> None:
         if not isinstance(message, ThinkerJob):
             raise TypeError(f"thinker cannot take {type(message).__name__}")
         try:
-            try:
-                await self._generate(request_id, message, emit, cache_salt=None)
-            except RowsNotKept as missing:  # raised before anything was emitted; the worker took its rows
-                logger.info("%s; prefilling it again without the prefix cache", missing)
-                await self._generate(request_id, message, emit, cache_salt=uuid.uuid4().hex)
+            await self._generate(request_id, message, emit)
         finally:
             await self.forget_in_engine(request_id)
 
-    async def _generate(self, request_id: str, job: ThinkerJob, emit: Emit, cache_salt: str | None) -> None:
+    async def _generate(self, request_id: str, job: ThinkerJob, emit: Emit) -> None:
         generated: list[int] = []
         sampling = vllm_sampling(job.sampling, [self.eos_token_id, *job.sampling.stop_token_ids],
                                  json_schema=job.json_schema)
         # aclosing: however the loop ends, vLLM aborts the request before it is forgotten
-        async with aclosing(self.engine.generate(self._prompt(job, cache_salt), sampling, request_id)) as outputs:
+        async with aclosing(self.engine.generate(self._prompt(job, None), sampling, request_id)) as outputs:
             async for output in outputs:
                 await self._on_output(request_id, job, output, generated, emit)
 
@@ -150,11 +174,11 @@ class VllmThinkerDriver(VllmEngineDriver):
         tokens = list(output.outputs[0].token_ids)
         for i, token in enumerate(tokens):
             last = output.finished and i == len(tokens) - 1
-            if not generated and job.report_prefill and not last:
-                prefill = await self._prompt_rows(request_id, token, job.prompt.input_ids)
-                emit(ThinkerPrefilled(job.prompt, prefill))
+            first = not generated
             generated.append(token)
             emit(TextToken(token, fed=not last))
+            if first and job.report_prefill and not last:
+                emit(ThinkerPrefilled(job.prompt, await self._prompt_rows(request_id, token, job)))
         if output.finished:
             emit(StageDone("length" if output.outputs[0].finish_reason == "length" else "stop", len(generated),
                            cached_prompt_tokens=output.num_cached_tokens or 0))
