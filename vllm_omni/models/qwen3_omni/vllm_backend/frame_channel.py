@@ -28,6 +28,12 @@ logger = logging.getLogger(__name__)
 FRAME_ADDRESS_KEY = "omni_frame_address"  # in vLLM's additional_config
 
 
+def ends_request(code0: int, sampled: int, eos_token_id: int, max_tokens: int) -> bool:
+    """Whether the `sampled`-th codebook-0 id ends its request (EOS, or the last of max_tokens):
+    that id makes no frame, as in the reference."""
+    return code0 == eos_token_id or sampled >= max_tokens
+
+
 def new_frame_address() -> str:
     return f"ipc://{os.path.join(tempfile.gettempdir(), f'vllm-omni-frames-{uuid.uuid4().hex[:12]}')}"
 

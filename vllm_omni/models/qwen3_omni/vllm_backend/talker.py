@@ -25,7 +25,12 @@ from vllm_omni.engine.stage_api import Emit, StageDone
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
 from vllm_omni.models.qwen3_omni.messages import CodecFrame, TalkerJob, ThinkerFinished, TrailingText
 from vllm_omni.models.qwen3_omni.talker_bridge import ThinkerToTalkerBridge
-from vllm_omni.models.qwen3_omni.vllm_backend.frame_channel import FRAME_ADDRESS_KEY, FrameReceiver, new_frame_address
+from vllm_omni.models.qwen3_omni.vllm_backend.frame_channel import (
+    FRAME_ADDRESS_KEY,
+    FrameReceiver,
+    ends_request,
+    new_frame_address,
+)
 from vllm_omni.models.qwen3_omni.vllm_backend.rpc_pumps import TextPump
 from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import (
     IGNORE_EOS_KEY,
@@ -73,10 +78,10 @@ class VllmTalkerDriver(VllmEngineDriver):
 
     def scheduling(self) -> tuple:
         """The text gate's scheduler and executor (talker_gate.py), which also pace;
-        synchronous scheduling."""
+        synchronous scheduling only (`engine_kwargs` refuses asynchronous)."""
         from vllm_omni.models.qwen3_omni.vllm_backend.talker_gate import TalkerExecutor
 
-        return (GATE.format("TalkerScheduler"), GATE.format("TalkerAsyncScheduler")), TalkerExecutor, False
+        return (GATE.format("TalkerScheduler"),) * 2, TalkerExecutor, False
 
     def starts_request(self, message: object) -> bool:
         return isinstance(message, TalkerJob)
@@ -153,7 +158,8 @@ class VllmTalkerDriver(VllmEngineDriver):
                         frames += 1
                         emit(CodecFrame(tuple(frames_in.get_nowait())))
                     if output.finished:
-                        ended = bool(codes0) and (codes0[-1] == self.eos_token_id or len(codes0) >= params.max_tokens)
+                        ended = bool(codes0) and ends_request(codes0[-1], len(codes0), self.eos_token_id,
+                                                              params.max_tokens)
                         for _ in range(len(codes0) - ended - frames):  # on their way still (seldom)
                             frames += 1
                             emit(CodecFrame(tuple(await asyncio.wait_for(frames_in.get(), FRAME_WAIT_S))))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_omni.engine.backends.vllm.holding_scheduler import (
@@ -38,10 +37,6 @@ class _TextGateMixin(_HoldingMixin):
 
 
 class TalkerScheduler(_TextGateMixin, Scheduler):
-    pass
-
-
-class TalkerAsyncScheduler(_TextGateMixin, AsyncScheduler):
     pass
 
 

@@ -21,7 +21,7 @@ import torch
 from vllm_omni.config import SamplingParams
 from vllm_omni.engine.backends.vllm.holding_scheduler import external_request_id
 from vllm_omni.engine.backends.vllm.workers import RunnerExtensionWorkerMixin
-from vllm_omni.models.qwen3_omni.vllm_backend.frame_channel import FRAME_ADDRESS_KEY, FrameSender
+from vllm_omni.models.qwen3_omni.vllm_backend.frame_channel import FRAME_ADDRESS_KEY, FrameSender, ends_request
 from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import (
     IGNORE_EOS_KEY,
     MROPE_POSITIONS_KEY,
@@ -63,8 +63,8 @@ class _TalkerRunnerMixin:
             if token_ids and request_id in model.requests:  # none after a partial prefill chunk
                 code0 = token_ids[-1]
                 count = len(model.requests[request_id].codes0) + 1  # sampled ids, this one included
-                ends = code0 == model.eos_token_id or count >= self.requests[request_id].sampling_params.max_tokens
-                sampled.append((request_id, code0, not ends))
+                max_tokens = self.requests[request_id].sampling_params.max_tokens
+                sampled.append((request_id, code0, not ends_request(code0, count, model.eos_token_id, max_tokens)))
         model.complete_sampled(sampled)
         return output
 
