@@ -45,6 +45,12 @@ def render_conversation(family: ModelFamily, messages: list[Message], tools: lis
     return fit_context(family, turns, tools, call_tool)
 
 
+def _in_quarters(amount: int, whole: int) -> int:
+    """`amount` rounded up to a multiple of a quarter of `whole` (at least 1)."""
+    step = max(1, whole // 4)
+    return -(-amount // step) * step
+
+
 def _render(family: ModelFamily, turns: list[Turn], tools: list[dict[str, Any]], call_tool: bool) -> Prompt:
     return family.render([t.message for t in turns], [f for t in turns for f in t.media["audio"]], tools,
                          call_tool, images=[image for t in turns for image in t.media["image"]])
@@ -61,8 +67,7 @@ def fit_context(family: ModelFamily, turns: list[Turn], tools: list[dict[str, An
     full = len(prompt)
     if full < family.max_model_len:
         return prompt
-    step = max(1, family.max_model_len // 4)
-    target = -(-(full - family.max_model_len + 1) // step) * step  # tokens to leave out, rounded up
+    target = _in_quarters(full - family.max_model_len + 1, family.max_model_len)  # tokens to leave out
     turns = list(turns)
     while full - len(prompt) < target:  # then the prompt fits, as target >= what must go
         oldest = next((i for i, t in enumerate(turns[:-1]) if t.message["role"] != "system"), None)
@@ -87,9 +92,8 @@ def fit_media_limit(turns: list[Turn], modality: str, limit: int, stage: str) ->
     if len(turns[-1].media[modality]) > limit:
         raise RequestError(f"the current turn carries {len(turns[-1].media[modality])} {modality} item(s), but "
                            f"the {stage} stage's limit_mm_per_prompt allows {limit} {modality} items per prompt")
-    step = max(1, limit // 4)
     droppable = count - len(turns[-1].media[modality])
-    for _ in range(min(droppable, -(-(count - limit) // step) * step)):
+    for _ in range(min(droppable, _in_quarters(count - limit, limit))):
         oldest = next(i for i, t in enumerate(turns[:-1]) if t.media[modality])
         turn = turns[oldest]
         parts = list(turn.message["content"])
