@@ -145,8 +145,8 @@ class ScriptedEngine:
                                        intervals_s=(0.02,), outputs=text_tokens, finish_reason=step.reason),
                    "vocoder": StageMetrics(role="vocoder", stage_id=1, first_output_s=0.05, mean_interval_s=None,
                                            intervals_s=(), outputs=audio_tokens)}
-        return RequestFinished(rid, step.reason, text=text, usage=Usage(prompt_tokens=7, text_tokens=text_tokens,
-                                                                           audio_tokens=audio_tokens),
+        return RequestFinished(rid, step.reason, text=text, token_ids=tuple(range(1, text_tokens + 1)),
+                               usage=Usage(prompt_tokens=7, text_tokens=text_tokens, audio_tokens=audio_tokens),
                                audio_duration_s=samples / self.output_sample_rate, stage_metrics=metrics,
                                error=step.error, error_code=step.error_code)
 

@@ -36,6 +36,16 @@ async def test_text_and_audio_items_enter_the_history_in_order() -> None:
     assert messages[2].audio_stream.num_samples == 8000
 
 
+async def test_an_answer_goes_back_to_the_engine_with_the_ids_it_was_generated_as() -> None:
+    session, engine, events = turn_session()
+    for turn in range(2):
+        await session.handle(text_item(f"Question {turn}."))
+        await session.handle({"type": "response.create", "response": {"output_modalities": ["text"]}})
+        await events.wait("response.done", count=turn + 1)
+    answer = engine.requests[1].messages[1]
+    assert answer.role == "assistant" and answer.text and answer.token_ids == (1, 2)  # the script's two text steps
+
+
 async def test_previous_item_id_places_the_item() -> None:
     session, _, events = turn_session()
     for text in ("a", "b"):

@@ -18,6 +18,7 @@ from vllm_omni.engine.request import AudioInputStream, ToolCall
 from vllm_omni.engine.stage_api import AsyncStageDriver, StageProgram
 
 Route = list[tuple[str, object]]  # (role of the receiving stage, message)
+GENERATED_IDS = "generated_ids"  # an assistant chat-template message's generated token ids (`render`)
 
 
 class Prompt(Protocol):
@@ -85,7 +86,10 @@ class ModelFamily(Protocol):
         'audio' or 'image'; assistant `tool_calls`, "tool" results); `audio_features[i]` belongs
         to the i-th audio part, `images[i]` (from `decode_image`) to the i-th image part.
         `tools` ({"name", "description", "parameters"}) are offered the way the checkpoint's
-        template does it; `call_tool` ends the prompt at the opening of a tool call."""
+        template does it; `call_tool` ends the prompt at the opening of a tool call. An
+        assistant message's GENERATED_IDS are the ids the model generated for its text; a
+        renderer that can should put them in place of the text tokenized again, while they still
+        spell it (the prefix cache then reuses the KV of their generation)."""
 
     def check_speaker(self, speaker: str) -> None:
         """Raise ValueError naming the known voices if `speaker` is not one."""

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from vllm_omni.audio.pcm import validate_model_audio
 from vllm_omni.config import SamplingParams
 from vllm_omni.config.errors import describe_validation_error
-from vllm_omni.engine.family import ModelFamily, Prompt
+from vllm_omni.engine.family import GENERATED_IDS, ModelFamily, Prompt
 from vllm_omni.engine.request import Message, OmniRequest, RequestError
 
 MEDIA = ("image", "audio")  # content part types carrying a media input; also `limit_mm_per_prompt` keys
@@ -132,9 +132,13 @@ def chat_turn(family: ModelFamily, message: Message, where: str) -> Turn:
         parts.append({"type": "text", "text": message.text})
     if message.tool_calls and message.role != "assistant":
         raise RequestError(f"{where}: only assistant turns carry tool calls")
+    if message.token_ids and message.role != "assistant":
+        raise RequestError(f"{where}: only assistant turns carry generated token ids")
     if not parts and not message.tool_calls:
         raise RequestError(f"{where}: has neither text nor audio nor images")
     turn.message["content"] = parts[0]["text"] if message.role == "system" and len(parts) == 1 else parts
+    if message.token_ids and message.text and not message.tool_calls:
+        turn.message[GENERATED_IDS] = list(message.token_ids)
     if message.tool_calls:
         turn.message["tool_calls"] = [{"type": "function", "id": call.call_id,
                                        "function": {"name": call.name, "arguments": call.arguments}}

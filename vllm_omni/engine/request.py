@@ -81,8 +81,11 @@ class Message:
     images: encoded JPEG or PNG bytes, decoded by the model family when it builds the prompt
     (bytes it cannot decode fail the request, naming the image). The model sees a user
     turn's images first, in order, then its audio, then its text. An assistant turn may
-    carry the tool calls it made; a "tool" turn carries one call's result (`text`) for
-    `tool_call_id`."""
+    carry the tool calls it made, and the token ids the model generated for it
+    (`RequestFinished.token_ids`): while they still spell `text`, the prompt holds them as they
+    are instead of `text` tokenized again, so the prefix cache keeps the KV of their generation
+    (docs/realtime-api.md §10, "prompt"). A "tool" turn carries one call's result (`text`)
+    for `tool_call_id`."""
 
     role: Literal["system", "user", "assistant", "tool"]
     text: str | None = None
@@ -92,6 +95,7 @@ class Message:
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_call_id: str | None = None
     images: list[bytes] = field(default_factory=list)
+    token_ids: tuple[int, ...] = ()
 
 
 ToolChoice = Literal["auto", "none", "required"] | str  # or the name of the one function to call

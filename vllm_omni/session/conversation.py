@@ -31,6 +31,7 @@ class Item:
     images: list[ItemImage] = field(default_factory=list)  # a user message's pictures, in order
     audio_duration_ms: int = 0  # assistant audio generated
     text_cap_chars: int | None = None  # hard cap from truncation / barge-in
+    token_ids: tuple[int, ...] = ()  # an answer's: the ids the model generated for `text` (engine Message)
     awaiting_ack: bool = False  # ack_only: spoken, but not yet acknowledged as heard in full
     heard_chars: int = 0  # while awaiting_ack: the text acknowledged so far (models with text–audio marks)
 
@@ -130,7 +131,7 @@ def prompt_messages(instructions: str | None, items: list[Item]) -> list[Message
             messages.append(Message("tool", text=item.output, tool_call_id=item.call.call_id))
         elif item.role == "assistant":
             if item.kept_text:
-                messages.append(Message("assistant", text=item.kept_text))
+                messages.append(Message("assistant", text=item.kept_text, token_ids=item.token_ids))
         elif item.role == "system":
             if item.text:
                 messages.append(Message("system", text=item.text))

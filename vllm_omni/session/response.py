@@ -286,6 +286,7 @@ class ResponseRun:
             self._emit(item_done(previous_item_id=self.previous_item_id, item=item))
         usage = None
         if final is not None:
+            self.item.token_ids = final.token_ids
             text_tokens, audio_tokens, prompt, images, heard = final.usage.text_tokens, final.usage.audio_tokens, \
                 final.usage.prompt_tokens, final.usage.image_tokens, final.usage.input_audio_tokens
             usage = {"total_tokens": prompt + text_tokens + audio_tokens, "input_tokens": prompt,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +11,7 @@ import torch
 from transformers import PreTrainedTokenizerBase, Qwen3OmniMoeConfig
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
+from vllm_omni.engine.family import GENERATED_IDS
 from vllm_omni.models.qwen3_omni.images import ThinkerImage
 from vllm_omni.models.qwen3_omni.tool_calls import CALL_OPEN
 
@@ -39,9 +41,63 @@ class ThinkerPrompt:
         return torch.stack([image.grid_thw for image in self.images]) if self.images else None
 
 
+_SLOT = "\ue000{}\ue001"  # private-use marks around an answer's index: no tokenizer output spells them
+_SLOT_PATTERN = re.compile("\ue000(\\d+)\ue001")
+
+
 def audio_token_count(num_frames: int, n_window: int) -> int:
     """Audio-encoder outputs (one `<|audio_pad|>` each) for `num_frames` mel frames."""
     return int(_get_feat_extract_output_lengths(torch.tensor(num_frames), n_window))
+
+
+def template_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, Any]],
+                 tools: Sequence[dict[str, Any]], call_tool: bool, end_id: int) -> list[int]:
+    """The chat template's token ids for `messages`, with each assistant answer's generated ids
+    (GENERATED_IDS, those before the `end_id` that ended it) in place of its text tokenized
+    again, where they spell that text exactly. Tokenizing the text again may split it into
+    other tokens than the model sampled, and then vLLM's prefix cache would miss from that
+    answer on and prefill it again on every later turn. The template renders a slot in place
+    of each such text, and the text between slots is tokenized piece by piece: each piece ends
+    where an earlier turn's prompt ended (at the generation prompt), so earlier prompts stay
+    prefixes of later ones."""
+    generated: list[list[int]] = []
+    shown: list[dict[str, Any]] = []
+    for message in messages:
+        answer = _spelled_answer(tokenizer, message, end_id)
+        if answer is not None:
+            message = {**message, "content": [{"type": "text", "text": _SLOT.format(len(generated))}]}
+            generated.append(answer)
+        shown.append(message)
+    pieces = _SLOT_PATTERN.split(_template_text(tokenizer, shown, tools, call_tool))  # text, slot, text, ...
+    if pieces[1::2] != [str(i) for i in range(len(generated))] or any(_SLOT[0] in p for p in pieces[::2]):
+        # the template did not show each slot once, or a message holds the slots' marks
+        generated, pieces = [], [_template_text(tokenizer, messages, tools, call_tool)]
+    ids: list[int] = []
+    for i, piece in enumerate(pieces[::2]):
+        ids += tokenizer(piece, add_special_tokens=False)["input_ids"] if piece else []
+        ids += generated[i] if i < len(generated) else []
+    return ids
+
+
+def _template_text(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, Any]],
+                   tools: Sequence[dict[str, Any]], call_tool: bool) -> str:
+    template_tools = [{"type": "function", "function": tool} for tool in tools] or None
+    text = tokenizer.apply_chat_template(list(messages), tools=template_tools, add_generation_prompt=True,
+                                         tokenize=False)
+    return text + f"{CALL_OPEN}\n" if call_tool else text
+
+
+def _spelled_answer(tokenizer: PreTrainedTokenizerBase, message: dict[str, Any], end_id: int) -> list[int] | None:
+    """An assistant message's generated ids (without the `end_id` ending them), if they spell
+    its one text part exactly (special tokens included: they must not enter the prompt)."""
+    ids = list(message.get(GENERATED_IDS) or ())
+    content = message.get("content")
+    if not ids or message.get("tool_calls") or not isinstance(content, list) or len(content) != 1 \
+            or content[0].get("type") != "text":
+        return None
+    if ids[-1] == end_id:
+        ids.pop()
+    return ids if ids and tokenizer.decode(ids) == content[0]["text"] else None
 
 
 def render_prompt(
@@ -57,13 +113,8 @@ def render_prompt(
     'image', 'audio' or 'text'); `audio_features[i]` belongs to the i-th audio part, `images[i]`
     to the i-th image part. `tools` go to the checkpoint's template as OpenAI-style function
     tools; `call_tool` opens a tool call after the generation prompt, so the answer is the
-    call's JSON."""
-    template_tools = [{"type": "function", "function": tool} for tool in tools] or None
-    text = tokenizer.apply_chat_template(list(messages), tools=template_tools, add_generation_prompt=True,
-                                         tokenize=False)
-    if call_tool:
-        text += f"{CALL_OPEN}\n"
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    call's JSON. An assistant message's GENERATED_IDS go in as they are (`template_ids`)."""
+    ids = template_ids(tokenizer, messages, tools, call_tool, config.im_end_token_id)
     thinker = config.thinker_config
     audio_pad, image_pad = thinker.audio_token_id, thinker.image_token_id
     for name, pad, inputs in (("audio", audio_pad, audio_features), ("image", image_pad, images)):
