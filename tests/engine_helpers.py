@@ -45,7 +45,7 @@ def make_engine(checkpoint, *, async_chunk: bool = True, first: int = 4, later: 
                 code2wav_mode: str = "exact", max_num_seqs: int | None = None,
                 thinker_backend: str = "torch", talker_backend: str = "torch",
                 restart_on_failure: bool = False, audio_limit: int | None = None,
-                image_limit: int | None = None) -> OmniEngine:
+                image_limit: int | None = None, replicas: dict[str, int] | None = None) -> OmniEngine:
     on_vllm = "vllm" in (thinker_backend, talker_backend)  # then with the served config's engine arguments
     config = "qwen3_omni_tiny_cpu" if on_vllm else "qwen3_omni_tiny_cpu_torch"
     deploy = load_deploy_config(get_deploy_config_path(config), platform="cpu")
@@ -61,6 +61,11 @@ def make_engine(checkpoint, *, async_chunk: bool = True, first: int = 4, later: 
         stages = [s.model_copy(update={"engine_args": s.engine_args.model_copy(update={"limit_mm_per_prompt": {
             **s.engine_args.limit_mm_per_prompt, **limits}})}) if s.role == "thinker" else s
             for s in stages]
+    if replicas:  # replicas of a stage share its cores
+        counts = {s.role: replicas.get(s.role, 1) for s in stages}
+        stages = [s.model_copy(update={"replicas": counts[s.role],
+                                       "cpu_cores": None if s.cpu_cores is None else s.cpu_cores * counts[s.role]})
+                  for s in stages]
     if max_num_seqs is not None:
         stages = [s.model_copy(update={"engine_args": s.engine_args.model_copy(
             update={"max_num_seqs": max_num_seqs})}) for s in stages]

@@ -17,9 +17,10 @@ from vllm_omni.engine import AudioChunk, Message, OmniEngine, OmniRequest, Reque
 KILL_POINTS = ("before_output", "mid_audio", "talker_only")
 
 
-def engine_core_pid(engine: OmniEngine, role: str) -> int:
-    """The EngineCore process of a vLLM stage (vLLM's client keeps its process handle)."""
-    return engine.workers[role].driver.engine.engine_core.resources.engine_manager.processes[0].pid
+def engine_core_pid(engine: OmniEngine, role: str, replica: int = 0) -> int:
+    """The EngineCore process of a vLLM stage's replica (vLLM's client keeps its process handle)."""
+    driver = engine.workers[role].replicas[replica].driver
+    return driver.engine.engine_core.resources.engine_manager.processes[0].pid
 
 
 def doomed_request(point: str) -> OmniRequest:

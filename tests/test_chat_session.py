@@ -72,6 +72,19 @@ def test_a_busy_engine_is_a_429_and_a_known_voice_is_used() -> None:
     assert engine.requests[0].speaker == "bruno"
 
 
+def test_a_prompt_cache_key_keeps_requests_on_the_same_replicas() -> None:
+    engine = ScriptedEngine()
+
+    async def ask(**fields) -> None:
+        chat = await completion(engine, **fields)
+        await chat.start()
+        await chat.close()
+
+    asyncio.run(ask(prompt_cache_key="caller-7"))
+    asyncio.run(ask())
+    assert [r.affinity_key for r in engine.requests] == ["caller-7", None]
+
+
 def test_answers_are_kept_for_their_ttl_and_oldest_go_first() -> None:
     engine, store = ScriptedEngine(), AnswerAudioStore(ttl_s=60, max_answers=2)
 

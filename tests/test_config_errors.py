@@ -48,7 +48,9 @@ def test_wrong_type_names_file_and_key_path(tmp_path: Path) -> None:
       "connectors": [{"name": "a", "from_stage": 0, "to_stage": 1}, {"name": "a", "from_stage": 1, "to_stage": 0}]},
      "connectors[1].name: duplicate name 'a' (also connectors[0])"),
     # Keys that were validated and then ignored are gone: a file that sets one fails to load.
-    ({"stages": [stage(0, replicas=2)]}, "stages[0].replicas: unknown key"),
+    ({"stages": [stage(0, replicas=2, cpu_cores=[0, 1, 2])]},
+     "stages[0]: value error, cpu_cores: 2 replicas take equal groups of cpu_cores, got 3"),
+    ({"stages": [stage(0, replicas=0)]}, "stages[0].replicas: input should be greater than 0"),
     ({"stages": [stage(0, input_connectors=["a"])]}, "stages[0].input_connectors: unknown key"),
     ({"stages": [stage(0)], "session_defaults": {"vad_threshold": 1.5}},
      "session_defaults.vad_threshold: input should be less than 1"),

@@ -5,7 +5,7 @@ The first is a static check: a key counts as read when code under `vllm_omni/` o
 `vllm_omni/config/` accesses an attribute of that name (`stage.devices`) or holds it as a string
 (passed through by name: `PASSED_THROUGH = ("max_num_seqs", ...)` then `getattr(args, name)`).
 Docstrings and comments do not count. Common words (`name`, `role`) always pass; the check is
-for keys like `replicas`, which the schema validated and nothing used.
+for keys that the schema validated and nothing used (as `replicas` once was).
 """
 
 from __future__ import annotations

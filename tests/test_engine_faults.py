@@ -92,7 +92,9 @@ def test_a_dead_stage_fails_every_request_and_refuses_new_ones(tiny_loaded) -> N
         health = httpx.get(base + "/health")
         assert health.status_code == 503 and health.json()["dead_stages"] == ["talker"]
         assert health.json()["stage_active_requests"] == {"thinker": 0, "talker": 0, "code2wav": 0}
-        assert 'vllm_omni_stage_active_requests{stage="talker"} 0.0' in httpx.get(base + "/metrics").text
+        scraped = httpx.get(base + "/metrics").text
+        assert 'vllm_omni_stage_active_requests{replica="0",stage="talker"} 0.0' in scraped
+        assert 'vllm_omni_stage_replica_up{replica="0",stage="talker"} 0.0' in scraped
 
 
 def spoken_conversation(turns: int, seconds: float = 0.5) -> list[Message]:

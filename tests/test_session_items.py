@@ -44,6 +44,8 @@ async def test_an_answer_goes_back_to_the_engine_with_the_ids_it_was_generated_a
         await events.wait("response.done", count=turn + 1)
     answer = engine.requests[1].messages[1]
     assert answer.role == "assistant" and answer.text and answer.token_ids == (1, 2)  # the script's two text steps
+    # both turns ask for the replicas of the session (whose prefix caches hold its conversation)
+    assert [r.affinity_key for r in engine.requests] == [session.config.id] * 2
 
 
 async def test_previous_item_id_places_the_item() -> None:

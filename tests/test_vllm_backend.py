@@ -33,7 +33,8 @@ def served(vllm_engine):
 
 
 def test_both_stages_run_on_vllm_engine(vllm_engine) -> None:
-    drivers = {role: worker.driver for role, worker in vllm_engine.workers.items() if hasattr(worker, "driver")}
+    drivers = {role: stage.replicas[0].driver for role, stage in vllm_engine.workers.items()
+               if hasattr(stage.replicas[0], "driver")}
     assert isinstance(drivers["thinker"], VllmThinkerDriver)
     assert isinstance(drivers["talker"], VllmTalkerDriver)
 
@@ -164,7 +165,7 @@ def test_every_way_of_ending_a_request_on_vllm_leaves_no_stage_counting_it(serve
     url, engine, _ = served
     asyncio.run(end_requests_every_way(engine, rounds=2))
     held = {role: asyncio.run_coroutine_threadsafe(worker.driver.held_requests(), worker._loop).result(30)
-            for role, worker in engine.workers.items() if hasattr(worker, "driver")}
+            for role, stage in engine.workers.items() for worker in stage.replicas if hasattr(worker, "driver")}
     assert held == {"thinker": 0, "talker": 0}  # vLLM's own tables and ours in its worker processes
     health = httpx.get(url.replace("ws://", "http://") + "/health").json()
     assert health["active_requests"] == 0

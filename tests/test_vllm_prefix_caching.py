@@ -70,7 +70,8 @@ class Requests:
 
 def test_later_turns_prefill_only_what_is_new_and_equal_transformers(tiny_checkpoint, vllm_engine,
                                                                      monkeypatch) -> None:
-    thinker, talker = (Requests(vllm_engine.workers[role].driver.engine, monkeypatch) for role in ("thinker", "talker"))
+    thinker, talker = (Requests(vllm_engine.workers[role].replicas[0].driver.engine, monkeypatch)
+                       for role in ("thinker", "talker"))
     reference = cached_reference(tiny_checkpoint, reference_run)
     # (role, text, audio fixture, generated ids)
     conversation: list[tuple[str, str | None, str | None, tuple[int, ...]]] = [("system", SYSTEM, None, ())]

@@ -83,6 +83,33 @@ class StageConfig(_Strict):
     # always do) and then a new engine is started in its place; requests are refused until
     # it is up. Off: the stage stays dead until the server restarts.
     restart_on_failure: bool = False
+    # Instances of this stage, each with its own engine (vLLM) or worker thread (torch); a
+    # request runs on one replica of each stage, the least loaded when it arrives, and the
+    # turns of one session stay on the same replicas (engine/replicas.py). `devices` and
+    # `cpu_cores`, where given, are split into `replicas` equal groups, one per replica.
+    replicas: PositiveInt = 1
+
+    @model_validator(mode="after")
+    def _devices_split_among_replicas(self) -> StageConfig:
+        for key in ("devices", "cpu_cores"):
+            value = getattr(self, key)
+            if key in self.model_fields_set and value is not None and len(value) % self.replicas:
+                raise ValueError(f"{key}: {self.replicas} replicas take equal groups of {key}, got {len(value)} "
+                                 f"({value}); list an entry twice for replicas that share it")
+        return self
+
+    def replica_stages(self) -> list[StageConfig]:
+        """One config per replica: its own group of `devices` and `cpu_cores` (all replicas get
+        the whole list where the config does not give it)."""
+        def group(value: list[int] | None, index: int, key: str) -> list[int] | None:
+            if value is None or key not in self.model_fields_set:
+                return value
+            size = len(value) // self.replicas
+            return value[index * size:(index + 1) * size]
+
+        return [self.model_copy(update={"replicas": 1, "devices": group(self.devices, i, "devices"),
+                                        "cpu_cores": group(self.cpu_cores, i, "cpu_cores")})
+                for i in range(self.replicas)]
 
 
 class CodecChunking(_Strict):

@@ -1,7 +1,7 @@
 """The contract a model family implements so the engine can drive its pipeline.
 
 The engine knows nothing of any model: it asks the family for its stage programs (one per
-role the deploy config declares), how a conversation becomes the first stage's prompt, the
+replica of each role the deploy config declares), how a conversation becomes the first stage's prompt, the
 messages that start a request, and, for every event a stage emits, which messages go to
 which stage. A family routes only along the edges it declares, and the deploy config must
 declare a connector for each (`engine/graph.py`). Families register by checkpoint
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from vllm_omni.config import DeployConfig, SamplingParams
+from vllm_omni.config import DeployConfig, SamplingParams, StageConfig
 from vllm_omni.engine.request import AudioInputStream, ToolCall
 from vllm_omni.engine.stage_api import AsyncStageDriver, StageProgram
 
@@ -77,8 +77,9 @@ class ModelFamily(Protocol):
         """The family's input for one encoded image (JPEG or PNG bytes), handed back to
         `render`; raise ValueError naming the problem when the bytes are not such an image."""
 
-    def make_programs(self) -> dict[str, StageProgram | AsyncStageDriver]:
-        """Per role: a step program (torch backend) or an engine driver (vllm backend)."""
+    def make_program(self, stage: StageConfig) -> StageProgram | AsyncStageDriver:
+        """The program of one replica of `stage` (its own devices): a step program (torch
+        backend) or an engine driver (vllm backend)."""
 
     def render(self, messages: Sequence[dict[str, Any]], audio_features: Sequence[Any],
                tools: Sequence[dict[str, Any]] = (), call_tool: bool = False, images: Sequence[Any] = ()) -> Prompt:

@@ -39,3 +39,9 @@ def check_stage_graph(deploy: DeployConfig, family_name: str, roles: tuple[str, 
     if problems:
         raise StageGraphError("deploy config: " + "; ".join(problems))
     return frozenset(declared)
+
+
+def replica_name(deploy: DeployConfig, role: str, index: int) -> str:
+    """A stage replica as errors and logs name it (the stage's name alone when it has one)."""
+    name = stage_name(deploy, role)
+    return name if deploy.stage_by_role(role).replicas == 1 else f"{name} replica {index}"

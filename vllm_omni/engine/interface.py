@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from vllm_omni.engine.native_duplex import NativeDuplexEngine
+from vllm_omni.engine.replicas import ReplicaStats
 from vllm_omni.engine.request import AudioInputStream, EngineOutput, OmniRequest
 
 
@@ -46,12 +47,14 @@ class ServedEngine(EngineClient, Protocol):
     """What the server needs beyond sessions: health, load and shutdown."""
 
     def unhealthy_stages(self) -> list[str]:
-        """Roles of stages whose worker or engine has died or is restarting."""
+        """Roles of stages with no replica alive (each one's worker or engine has died or is
+        restarting)."""
 
     def num_active_requests(self) -> int: ...
 
     def active_requests_by_stage(self) -> dict[str, int]: ...
 
-    def queue_depths(self) -> dict[str, int]: ...
+    def replica_stats(self) -> list[ReplicaStats]:
+        """Health and load of every replica of every stage."""
 
     def shutdown(self) -> None: ...

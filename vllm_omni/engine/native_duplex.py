@@ -15,6 +15,7 @@ from typing import Literal, Protocol, TypeVar
 
 import numpy as np
 
+from vllm_omni.engine.replicas import ReplicaStats
 from vllm_omni.engine.request import AudioInputStream, EngineOutput, OmniRequest, RequestError
 
 T = TypeVar("T")
@@ -197,8 +198,8 @@ class NativeDuplexEngine:
     def active_requests_by_stage(self) -> dict[str, int]:
         return {"duplex": self.open_streams}
 
-    def queue_depths(self) -> dict[str, int]:
-        return {"duplex": self._waiting_calls}
+    def replica_stats(self) -> list[ReplicaStats]:
+        return [ReplicaStats("duplex", 0, True, self.open_streams, self._waiting_calls)]
 
     def shutdown(self) -> None:
         self.model.shutdown()

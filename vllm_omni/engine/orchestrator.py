@@ -8,10 +8,11 @@ Stage events are routed in the worker thread that produced them (under one short
 a ready audio chunk is forwarded at once, whatever the other stages are doing.
 
 When a request ends, however it ends, every stage is told to drop it, so no stage keeps
-working on (or counting) a request whose final record is out. A watcher thread checks the
-stages' health: when one dies, every in-flight request fails at once (a request waiting
-on a dead engine may otherwise never hear of it), new requests are refused, and a vLLM
-stage with `restart_on_failure` gets a new engine.
+working on (or counting) a request whose final record is out. A stage with `replicas` runs
+several instances (engine/replicas.py). A watcher thread checks their health
+(engine/stage_watch.py): a replica that dies fails the requests it holds at once, a stage
+with no replica alive fails every in-flight request, and new requests are refused until
+it is back.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from vllm_omni.engine.backends.async_stage import AsyncEngineStage
 from vllm_omni.engine.backends.step_worker import StageWorker
 from vllm_omni.engine.detokenizer import IncrementalDetokenizer
 from vllm_omni.engine.family import ModelFamily, Route, ToolCallParser
-from vllm_omni.engine.graph import check_stage_graph, stage_name
+from vllm_omni.engine.graph import check_stage_graph, replica_name, stage_name
 from vllm_omni.engine.pacing import PlaybackPacer
 from vllm_omni.engine.prompting import render_conversation, request_sampling
+from vllm_omni.engine.replicas import ReplicaStats, StageReplicas
 from vllm_omni.engine.request import (
     AudioChunk,
     AudioInputStream,
@@ -50,6 +52,7 @@ from vllm_omni.engine.request import (
 )
 from vllm_omni.engine.stage_api import AsyncStageDriver, AudioSamples, StageDone, StageOutput, TextToken
 from vllm_omni.engine.stage_timing import StageTimer
+from vllm_omni.engine.stage_watch import StageWatcher
 from vllm_omni.engine.stop_strings import StopStrings, checked_stop_strings
 from vllm_omni.engine.tools import offered_tools
 
@@ -57,7 +60,6 @@ logger = logging.getLogger(__name__)
 
 MODALITIES = ("text", "audio")
 STALL_TIMEOUT_S = 300.0  # a request that produces nothing for this long is failed
-HEALTH_POLL_S = 0.25  # how often the watcher checks that every stage is alive
 
 
 @dataclass
@@ -93,20 +95,25 @@ class OmniEngine:
             torch.set_num_threads(self.deploy.server_torch_threads)
         self._records: dict[str, _Record] = {}
         self._lock = threading.Lock()
-        self.workers: dict[str, StageWorker | AsyncEngineStage] = {}
-        for role, program in family.make_programs().items():
-            stage_kind = AsyncEngineStage if isinstance(program, AsyncStageDriver) else StageWorker
-            self.workers[role] = stage_kind(role, program, self._on_event, self._on_error,
-                                            max_active=self.deploy.stage_by_role(role).engine_args.max_num_seqs or 8)
+        self.workers = {role: self._stage_replicas(role) for role in family.roles}
         self.max_requests = max_waiting_factor * self.workers[family.text_role].max_active
         self.pacer = PlaybackPacer(self.deploy.playback_pacing)
         if self.deploy.playback_pacing.enabled:  # off: no stage hears of playback (no RPC per audio chunk)
             self.pacer.listeners = [worker.update_pace for worker in self.workers.values()]
         for worker in self.workers.values():
             worker.start()
-        self._stopping = threading.Event()
-        self._watcher = threading.Thread(target=self._watch_stages, name="stage-health", daemon=True)
+        self._watcher = StageWatcher(self.deploy, self.workers, self._fail_requests)
         self._watcher.start()
+
+    def _stage_replicas(self, role: str) -> StageReplicas:
+        stage = self.deploy.stage_by_role(role)
+        replicas: list[StageWorker | AsyncEngineStage] = []
+        for replica_stage in stage.replica_stages():
+            program = self.family.make_program(replica_stage)
+            stage_kind = AsyncEngineStage if isinstance(program, AsyncStageDriver) else StageWorker
+            replicas.append(stage_kind(role, program, self._on_event, self._on_error,
+                                       max_active=stage.engine_args.max_num_seqs or 8))
+        return StageReplicas(role, replicas)
 
     # Public interface -------------------------------------------------------------------
 
@@ -167,15 +174,15 @@ class OmniEngine:
         return {role: worker.num_requests() for role, worker in self.workers.items()}
 
     def unhealthy_stages(self) -> list[str]:
-        """Stages whose worker or engine has died or is restarting (requests are refused)."""
+        """Stages with no replica alive: each one's workers or engines have died or are
+        restarting (requests are refused)."""
         return [role for role, worker in self.workers.items() if not worker.healthy()]
 
-    def queue_depths(self) -> dict[str, int]:
-        return {role: worker.queue_depth() for role, worker in self.workers.items()}
+    def replica_stats(self) -> list[ReplicaStats]:
+        return [stats for worker in self.workers.values() for stats in worker.stats()]
 
     def shutdown(self) -> None:
-        self._stopping.set()
-        self._watcher.join()
+        self._watcher.stop()
         for worker in self.workers.values():
             worker.stop()
         torch.set_num_threads(self._outer_torch_threads)
@@ -217,17 +224,18 @@ class OmniEngine:
             self._records[request.request_id] = record
             if wants_audio:
                 self.pacer.add(request.request_id)
-            self._submit(request.request_id, None, messages)
+            self._submit(record, None, messages)
         return record
 
-    def _submit(self, request_id: str, source: str | None, messages: Route) -> None:
+    def _submit(self, record: _Record, source: str | None, messages: Route) -> None:
         """Hand each message to its stage; a family may only send along declared connectors
         (the first messages of a request come from outside, `source` None)."""
+        request = record.request
         for role, message in messages:
             if source is not None and (source, role) not in self._edges:
                 raise RuntimeError(f"{self.family.name} routed a message from {source} to {role} "
                                    "without a connector")
-            self.workers[role].submit(request_id, message)
+            self.workers[role].submit(request.request_id, message, request.affinity_key)
 
     # Events from stage workers (any thread) ---------------------------------------------
 
@@ -259,7 +267,7 @@ class OmniEngine:
             record.cached_tokens = max(record.cached_tokens, event.cached_prompt_tokens)  # a stop string's end has 0
             if record.tool_parser is not None:
                 self._push_tool_call(record, record.tool_parser.finish())
-        self._submit(record.request.request_id, role, self.family.route(record.route, role, event))
+        self._submit(record, role, self.family.route(record.route, role, event))
         if isinstance(event, StageDone) and role == self.family.final_role(record.route):
             self._finish_locked(record, record.finish_reason)
 
@@ -312,40 +320,24 @@ class OmniEngine:
             record = self._records.get(request_id)
             if record is None or record.finished:
                 return
-            if self.workers[role].healthy():
+            replicas = self.workers[role]
+            index = replicas.replica_of(request_id) or 0
+            if replicas.replicas[index].healthy():
                 self._finish_locked(record, "error", f"{role} stage failed: {type(exc).__name__}: {exc}")
-            else:  # the stage died under the request
-                self._finish_locked(record, "error", f"stage {self._stage_names([role])} died: "
+            else:  # the replica died under the request
+                self._finish_locked(record, "error", f"stage {replica_name(self.deploy, role, index)} died: "
                                     f"{type(exc).__name__}: {exc}", StageUnavailableError.code)
 
     # Stage health (watcher thread) --------------------------------------------------------
 
-    def _watch_stages(self) -> None:
-        known_dead: list[str] = []
-        while not self._stopping.wait(HEALTH_POLL_S):
-            dead = self.unhealthy_stages()
-            if dead != known_dead:
-                logger.warning("unavailable stages: %s", self._stage_names(dead) or "none")
-                known_dead = dead
-            if dead:
-                self._fail_all(dead)
-                for role in dead:
-                    self._release_dead_stage(role)
-
-    def _fail_all(self, dead: list[str]) -> None:
-        """End every in-flight request: a request may wait on a dead stage forever (an RPC
-        to a dead vLLM engine never returns), wherever it is in the pipeline."""
+    def _fail_requests(self, request_ids: list[str] | None, error: str) -> None:
+        """End the given in-flight requests (None: all of them): an RPC to a dead vLLM engine
+        never returns, so a request waiting on one would never hear of it."""
         with self._lock:
-            for record in list(self._records.values()):
-                self._finish_locked(record, "error", f"stage {self._stage_names(dead)} died",
-                                    StageUnavailableError.code)
-
-    def _release_dead_stage(self, role: str) -> None:
-        """Free what the dead stage still holds, then restart it if the deploy says so."""
-        worker = self.workers[role]
-        worker.drop_all()
-        if isinstance(worker, AsyncEngineStage) and self.deploy.stage_by_role(role).restart_on_failure:
-            worker.restart()
+            records = list(self._records.values()) if request_ids is None else \
+                [self._records[rid] for rid in request_ids if rid in self._records]
+            for record in records:
+                self._finish_locked(record, "error", error, StageUnavailableError.code)
 
     # Ending requests ----------------------------------------------------------------------
 

@@ -121,6 +121,10 @@ class OmniRequest:
     # "required" or a function's name forces a call whose arguments match its schema.
     tools: list[dict[str, Any]] = field(default_factory=list)
     tool_choice: ToolChoice = "auto"
+    # Requests with the same key run on the same replica of each stage while it is up (a
+    # realtime session's id: its next turn extends this prompt, and that replica's prefix
+    # cache holds it); None: the least loaded replicas (engine/replicas.py).
+    affinity_key: str | None = None
 
 
 class FinishReason(str, Enum):

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
+from vllm_omni.engine.replicas import ReplicaStats
+
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30)
 RTF_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 4, 8)
 
@@ -21,26 +23,29 @@ RTF = Histogram("vllm_omni_realtime_rtf", "Generation time over audio duration, 
                 buckets=RTF_BUCKETS)
 
 
-class _StageGaugeCollector:
-    """One per-stage gauge, read from the engine at scrape time (`source`: {stage: value})."""
+class _StageReplicaCollector:
+    """Per-replica gauges of every stage, read from the engine at scrape time (`source`)."""
 
-    def __init__(self, name: str, documentation: str) -> None:
-        self.name, self.documentation = name, documentation
-        self.source: Callable[[], dict[str, int]] | None = None
+    def __init__(self) -> None:
+        self.source: Callable[[], list[ReplicaStats]] | None = None
 
     def collect(self):
-        family = GaugeMetricFamily(self.name, self.documentation, labels=["stage"])
-        if self.source is not None:
-            for stage, value in self.source().items():
-                family.add_metric([stage], value)
-        yield family
+        labels = ["stage", "replica"]
+        queued = GaugeMetricFamily("vllm_omni_stage_queue_depth", "Messages and requests waiting per stage replica",
+                                   labels=labels)
+        active = GaugeMetricFamily("vllm_omni_stage_active_requests", "Requests holding state in each stage replica",
+                                   labels=labels)
+        up = GaugeMetricFamily("vllm_omni_stage_replica_up", "1 while a stage replica is healthy", labels=labels)
+        for stats in self.source() if self.source is not None else ():
+            names = [stats.role, str(stats.replica)]
+            queued.add_metric(names, stats.queue_depth)
+            active.add_metric(names, stats.active_requests)
+            up.add_metric(names, int(stats.healthy))
+        yield from (queued, active, up)
 
 
-STAGE_QUEUES = _StageGaugeCollector("vllm_omni_stage_queue_depth", "Messages and requests waiting per stage")
-STAGE_ACTIVE_REQUESTS = _StageGaugeCollector("vllm_omni_stage_active_requests",
-                                             "Requests holding state in each stage")
-REGISTRY.register(STAGE_QUEUES)
-REGISTRY.register(STAGE_ACTIVE_REQUESTS)
+STAGE_REPLICAS = _StageReplicaCollector()
+REGISTRY.register(STAGE_REPLICAS)
 
 HTTP_REQUESTS = Counter("vllm_omni_http_requests_total", "HTTP generation requests by endpoint and status code",
                         ["endpoint", "status"])

@@ -164,6 +164,9 @@ class ChatCompletionRequest(_Strict):
     presence_penalty: float | None = None
     logprobs: bool | None = None
     response_format: dict[str, Any] | None = None
+    # Requests with the same key run on the same stage replicas, whose prefix caches hold
+    # what they share (OpenAI's meaning: a hint that improves cache hits).
+    prompt_cache_key: str | None = None
     # Accepted and ignored, as other OpenAI-compatible servers do: they change nothing the
     # model computes here (`store`: an answer is kept only for its audio id's lifetime).
     user: str | None = None
@@ -171,7 +174,6 @@ class ChatCompletionRequest(_Strict):
     store: bool | None = None
     parallel_tool_calls: bool | None = None
     service_tier: str | None = None
-    prompt_cache_key: str | None = None
     safety_identifier: str | None = None
 
     @property

@@ -33,8 +33,7 @@ def create_app(engine: ServedEngine, settings: ServerSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        metrics.STAGE_QUEUES.source = engine.queue_depths
-        metrics.STAGE_ACTIVE_REQUESTS.source = engine.active_requests_by_stage
+        metrics.STAGE_REPLICAS.source = engine.replica_stats
         app.state.loop = asyncio.get_running_loop()
         app.state.duplex_sessions = duplex_sessions  # for tests and introspection
         reaper = asyncio.create_task(duplex_sessions.reap_idle())
@@ -42,8 +41,7 @@ def create_app(engine: ServedEngine, settings: ServerSettings) -> FastAPI:
         reaper.cancel()
         await asyncio.gather(reaper, return_exceptions=True)
         await duplex_sessions.close()
-        metrics.STAGE_QUEUES.source = None
-        metrics.STAGE_ACTIVE_REQUESTS.source = None
+        metrics.STAGE_REPLICAS.source = None
         engine.shutdown()
 
     app = FastAPI(title="vllm-omni", lifespan=lifespan)
@@ -61,9 +59,11 @@ def create_app(engine: ServedEngine, settings: ServerSettings) -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         dead = engine.unhealthy_stages()
-        body = {"status": "error" if dead else "ok", "active_sessions": slots.open,
+        dead_replicas = [f"{r.role}[{r.replica}]" for r in engine.replica_stats() if not r.healthy]
+        body = {"status": "error" if dead else "degraded" if dead_replicas else "ok", "active_sessions": slots.open,
                 "active_requests": engine.num_active_requests(),
-                "stage_active_requests": engine.active_requests_by_stage(), "dead_stages": dead}
+                "stage_active_requests": engine.active_requests_by_stage(), "dead_stages": dead,
+                "dead_replicas": dead_replicas}
         return JSONResponse(body, status_code=503 if dead else 200)
 
     @app.get("/v1/models")

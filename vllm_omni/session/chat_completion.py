@@ -78,7 +78,8 @@ class ChatCompletion:
             messages=messages, speaker=self._speaker(),
             modalities=("text", "audio") if request.wants_audio else ("text",),
             max_output_tokens=request.token_limit, temperature=request.temperature, top_p=request.top_p,
-            stop=request.stop_strings, seed=request.seed, tools=self._tools(), tool_choice=self._tool_choice())
+            stop=request.stop_strings, seed=request.seed, tools=self._tools(), tool_choice=self._tool_choice(),
+            affinity_key=request.prompt_cache_key)
         self._deadline = asyncio.get_running_loop().time() + timeout_s
         self._timeout_s = timeout_s
         self._stream: AsyncIterator[EngineOutput] | None = None

@@ -89,7 +89,8 @@ class ResponseController:
         request = OmniRequest(messages, request_id=f"{run.session_id}-{run.id}", speaker=options.speaker,
                               modalities=tuple(options.modalities),
                               max_output_tokens=options.max_output_tokens if options.client_limited else None,
-                              temperature=options.temperature, tools=options.tools, tool_choice=options.tool_choice)
+                              temperature=options.temperature, tools=options.tools, tool_choice=options.tool_choice,
+                              affinity_key=run.session_id)
         run.start(self.engine, request, previous)
 
     def begin_fed(self) -> ResponseRun:

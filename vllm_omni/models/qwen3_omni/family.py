@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from vllm_omni.config import CodecChunking, DeployConfig, SamplingParams
+from vllm_omni.config import CodecChunking, DeployConfig, SamplingParams, StageConfig
 from vllm_omni.engine.family import Route
 from vllm_omni.engine.request import AudioInputStream, RequestError
 from vllm_omni.engine.stage_api import AsyncStageDriver, StageDone, StageProgram, TextToken
@@ -128,18 +128,16 @@ class Qwen3OmniFamily:
         checkpoint = load_checkpoint(model, dtype=dtype, bridge_only=engines_hold_weights)
         return cls(checkpoint, deploy, code2wav_mode=code2wav_mode)
 
-    def make_programs(self) -> dict[str, StageProgram | AsyncStageDriver]:
-        """Per role: a step program (torch backend) or an engine driver (vllm backend)."""
-        thinker_stage = self.deploy.stage_by_role("thinker")
-        thinker = VllmThinkerDriver(self.checkpoint, thinker_stage) if thinker_stage.backend == "vllm" \
-            else ThinkerProgram(self.checkpoint)
-        talker_stage = self.deploy.stage_by_role("talker")
-        talker = VllmTalkerDriver(self.checkpoint, talker_stage) if talker_stage.backend == "vllm" \
-            else TalkerProgram(self.checkpoint)
-        return {"thinker": thinker,
-                "talker": talker,
-                "code2wav": Code2WavProgram(self.checkpoint, self.code2wav_mode,
-                                            self.chunking.codec_left_context_frames)}
+    def make_program(self, stage: StageConfig) -> StageProgram | AsyncStageDriver:
+        """One replica of a stage: vLLM replicas are engines of their own; torch replicas are
+        programs over the weights this process loaded once."""
+        if stage.role == "thinker":
+            return VllmThinkerDriver(self.checkpoint, stage) if stage.backend == "vllm" \
+                else ThinkerProgram(self.checkpoint)
+        if stage.role == "talker":
+            return VllmTalkerDriver(self.checkpoint, stage) if stage.backend == "vllm" \
+                else TalkerProgram(self.checkpoint)
+        return Code2WavProgram(self.checkpoint, self.code2wav_mode, self.chunking.codec_left_context_frames)
 
     def set_async_chunk(self, on: bool) -> None:
         """Switch the connector policy for requests started from now on (the stages are
