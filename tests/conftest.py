@@ -73,3 +73,14 @@ def vllm_engine(tiny_checkpoint: Path):
                          restart_on_failure=True)
     yield engine
     engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference_engine(tiny_loaded):
+    """The whole pipeline on torch in this process, one replica per stage: what replicated and
+    distributed runs are compared with."""
+    from tests.engine_helpers import make_engine
+
+    engine = make_engine(tiny_loaded)
+    yield engine
+    engine.shutdown()

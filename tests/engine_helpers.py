@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from vllm_omni.config import get_deploy_config_path, load_deploy_config
+from vllm_omni.config import RayCluster, RayPlacement, get_deploy_config_path, load_deploy_config
 from vllm_omni.engine import AudioChunk, Message, OmniEngine, OmniRequest, RequestError, RequestFinished, TextDelta
 from vllm_omni.models.qwen3_omni.family import Qwen3OmniFamily
 from vllm_omni.models.qwen3_omni.messages import CodecFrame
@@ -50,7 +50,8 @@ def make_engine(checkpoint, *, async_chunk: bool = True, first: int = 4, later: 
                 code2wav_mode: str = "exact", max_num_seqs: int | None = None,
                 thinker_backend: str = "torch", talker_backend: str = "torch",
                 restart_on_failure: bool = False, audio_limit: int | None = None,
-                image_limit: int | None = None, replicas: dict[str, int] | None = None) -> OmniEngine:
+                image_limit: int | None = None, replicas: dict[str, int] | None = None,
+                ray: RayCluster | None = None, placements: dict[str, RayPlacement] | None = None) -> OmniEngine:
     on_vllm = "vllm" in (thinker_backend, talker_backend)  # then with the served config's engine arguments
     platform = VLLM_PLATFORM if on_vllm else "cpu"
     config = ("qwen3_omni_tiny_cpu" if platform == "cpu" else "qwen3_omni_tiny_gpu") if on_vllm \
@@ -60,8 +61,8 @@ def make_engine(checkpoint, *, async_chunk: bool = True, first: int = 4, later: 
     connectors = [c.model_copy(update={"extra": c.extra.model_copy(update=chunking)}) if c.extra else c
                   for c in deploy.connectors]
     backends = {"thinker": thinker_backend, "talker": talker_backend}
-    stages = [s.model_copy(update={"backend": backends[s.role], "restart_on_failure": restart_on_failure})
-              if s.role in backends else s for s in deploy.stages]
+    stages = [s.model_copy(update={"backend": backends.get(s.role, s.backend),
+                                   "restart_on_failure": restart_on_failure}) for s in deploy.stages]
     limits = {modality: limit for modality, limit in (("audio", audio_limit), ("image", image_limit))
               if limit is not None}
     if limits:
@@ -73,10 +74,14 @@ def make_engine(checkpoint, *, async_chunk: bool = True, first: int = 4, later: 
         stages = [s.model_copy(update={"replicas": counts[s.role],
                                        "cpu_cores": None if s.cpu_cores is None else s.cpu_cores * counts[s.role]})
                   for s in stages]
+    if placements:
+        stages = [s.model_copy(update={"placement": placements[s.role]}) if s.role in placements else s
+                  for s in stages]
     if max_num_seqs is not None:
         stages = [s.model_copy(update={"engine_args": s.engine_args.model_copy(
             update={"max_num_seqs": max_num_seqs})}) for s in stages]
-    deploy = deploy.model_copy(update={"async_chunk": async_chunk, "connectors": connectors, "stages": stages})
+    deploy = deploy.model_copy(update={"async_chunk": async_chunk, "connectors": connectors, "stages": stages,
+                                       "ray": ray})
     return OmniEngine(RecordingFamily(checkpoint, deploy, code2wav_mode=code2wav_mode))
 
 

@@ -27,6 +27,8 @@ from vllm_omni.config import (
     DeployConfig,
     EngineArgs,
     PlaybackPacing,
+    RayCluster,
+    RayPlacement,
     SamplingParams,
     SessionDefaults,
     StageConfig,
@@ -91,7 +93,7 @@ def read_outside_config() -> dict[str, list[str]]:
 
 def test_the_walk_reaches_every_schema_model() -> None:
     assert set(schema_models()) == {DeployConfig, StageConfig, EngineArgs, SamplingParams, ConnectorConfig,
-                                    CodecChunking, SessionDefaults, PlaybackPacing}
+                                    CodecChunking, SessionDefaults, PlaybackPacing, RayCluster, RayPlacement}
 
 
 @pytest.mark.parametrize(("model", "key"), SCHEMA_KEYS, ids=[f"{m.__name__}.{k}" for m, k in SCHEMA_KEYS])

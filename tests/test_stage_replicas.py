@@ -102,13 +102,6 @@ def test_a_sessions_turns_return_to_its_replica_while_it_is_healthy() -> None:
 # The tiny pipeline with two replicas of every stage ------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def one_replica(tiny_loaded):
-    built = make_engine(tiny_loaded)
-    yield built
-    built.shutdown()
-
-
 def spy_on_replicas(engine) -> dict[str, list[set[str]]]:
     """Per role, the request ids each replica was handed (the real replicas, wrapped)."""
     seen = {role: [set() for _ in replicas.replicas] for role, replicas in engine.workers.items()}
@@ -121,8 +114,8 @@ def spy_on_replicas(engine) -> dict[str, list[set[str]]]:
     return seen
 
 
-def test_two_replicas_of_every_stage_give_the_outputs_of_one(tiny_loaded, one_replica) -> None:
-    solo = [asyncio.run(run_request(one_replica, request(**p))) for p in PROMPTS[:4]]
+def test_two_replicas_of_every_stage_give_the_outputs_of_one(tiny_loaded, reference_engine) -> None:
+    solo = [asyncio.run(run_request(reference_engine, request(**p))) for p in PROMPTS[:4]]
     engine = make_engine(tiny_loaded, replicas=REPLICAS)
     try:
         seen = spy_on_replicas(engine)

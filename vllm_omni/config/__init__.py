@@ -14,6 +14,8 @@ from vllm_omni.config.schema import (
     DeployConfig,
     EngineArgs,
     PlaybackPacing,
+    RayCluster,
+    RayPlacement,
     SamplingParams,
     SessionDefaults,
     StageConfig,
@@ -21,6 +23,6 @@ from vllm_omni.config.schema import (
 
 __all__ = [
     "CodecChunking", "ConfigError", "ConnectorConfig", "DeployConfig", "EngineArgs", "PlaybackPacing",
-    "SamplingParams", "SessionDefaults", "StageConfig", "config_to_yaml", "detect_platform",
-    "get_deploy_config_path", "load_deploy_config", "modify_stage_config",
+    "RayCluster", "RayPlacement", "SamplingParams", "SessionDefaults", "StageConfig", "config_to_yaml",
+    "detect_platform", "get_deploy_config_path", "load_deploy_config", "modify_stage_config",
 ]

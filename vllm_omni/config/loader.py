@@ -205,9 +205,10 @@ def _cross_references(config: DeployConfig) -> list[str]:
 
 def _stage_rules(config: DeployConfig) -> list[str]:
     """Keys that only make sense with some backends."""
-    return [f"stages[{i}].restart_on_failure: needs backend 'vllm' (a torch stage runs inside the "
-            f"server's process; got backend {stage.backend!r})"
-            for i, stage in enumerate(config.stages) if stage.restart_on_failure and stage.backend != "vllm"]
+    return [f"stages[{i}].restart_on_failure: needs backend 'vllm' or the deploy's `ray` (a torch stage "
+            f"runs inside the server's process; got backend {stage.backend!r})"
+            for i, stage in enumerate(config.stages)
+            if stage.restart_on_failure and stage.backend != "vllm" and config.ray is None]
 
 
 def load_deploy_config(path: str | os.PathLike[str], platform: str | None = None) -> DeployConfig:

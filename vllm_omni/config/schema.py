@@ -69,6 +69,15 @@ class SamplingParams(_Strict):
     ignore_eos: bool = False
 
 
+class RayPlacement(_Strict):
+    """What each replica of a stage asks of a Ray cluster (with `ray` set in the deploy config):
+    CPUs, GPUs, and custom node resources (`ray start --resources '{"node_b": 8}'`)."""
+
+    num_cpus: NonNegativeFloat = 1.0
+    num_gpus: NonNegativeFloat = 0.0
+    resources: dict[str, PositiveFloat] = Field(default_factory=dict)
+
+
 class StageConfig(_Strict):
     stage_id: NonNegativeInt
     role: Literal["encoder", "thinker", "talker", "code2wav", "vocoder", "llm"]
@@ -79,15 +88,16 @@ class StageConfig(_Strict):
     cpu_cores: list[NonNegativeInt] | None = None
     engine_args: EngineArgs = Field(default_factory=EngineArgs)
     default_sampling_params: SamplingParams = Field(default_factory=SamplingParams)
-    # vLLM stages only: when the stage's engine dies, its in-flight requests fail (as they
-    # always do) and then a new engine is started in its place; requests are refused until
-    # it is up. Off: the stage stays dead until the server restarts.
+    # vLLM stages, and every stage on Ray: when the stage's engine (or Ray actor) dies, its
+    # in-flight requests fail (as they always do) and then a new one is started in its place;
+    # requests are refused until it is up. Off: the stage stays dead until the server restarts.
     restart_on_failure: bool = False
     # Instances of this stage, each with its own engine (vLLM) or worker thread (torch); a
     # request runs on one replica of each stage, the least loaded when it arrives, and the
     # turns of one session stay on the same replicas (engine/replicas.py). `devices` and
     # `cpu_cores`, where given, are split into `replicas` equal groups, one per replica.
     replicas: PositiveInt = 1
+    placement: RayPlacement = Field(default_factory=RayPlacement)  # read only with `ray` set
 
     @model_validator(mode="after")
     def _devices_split_among_replicas(self) -> StageConfig:
@@ -178,6 +188,17 @@ class PlaybackPacing(_Strict):
         return self
 
 
+class RayCluster(_Strict):
+    """Run every stage replica as an actor on a Ray cluster (engine/backends/ray_stage.py);
+    only the orchestrator and the API stay in the server process."""
+
+    address: str = "auto"  # ray.init's: "auto" (a `ray start`ed cluster this machine is in), "HOST:PORT"
+    namespace: str = "vllm-omni"
+    # A replica that answers nothing for this long counts as dead: its requests fail and it is
+    # replaced (Ray itself notices a lost node only after tens of seconds).
+    liveness_timeout_s: PositiveFloat = 1.5
+
+
 class DeployConfig(_Strict):
     """A whole deploy config, as it stands after `base_config` and platform merges."""
 
@@ -192,6 +213,7 @@ class DeployConfig(_Strict):
     # when vLLM stages own the cores (`cpu_cores`): torch's spare threads then wait for cores
     # that are busy, and every operator waits for its slowest thread.
     server_torch_threads: PositiveInt | None = None
+    ray: RayCluster | None = None  # None: every stage in the server process
     connectors: list[ConnectorConfig] = Field(default_factory=list)
     stages: list[StageConfig] = Field(min_length=1)
 

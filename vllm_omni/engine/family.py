@@ -10,7 +10,7 @@ architecture in `vllm_omni/models/registry.py`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from vllm_omni.config import DeployConfig, SamplingParams, StageConfig
@@ -80,6 +80,10 @@ class ModelFamily(Protocol):
     def make_program(self, stage: StageConfig) -> StageProgram | AsyncStageDriver:
         """The program of one replica of `stage` (its own devices): a step program (torch
         backend) or an engine driver (vllm backend)."""
+
+    def remote_program(self, stage: StageConfig) -> Callable[[], StageProgram | AsyncStageDriver]:
+        """`make_program(stage)` to be called in another process (a Ray actor's): a picklable
+        function that loads what the stage needs there itself."""
 
     def render(self, messages: Sequence[dict[str, Any]], audio_features: Sequence[Any],
                tools: Sequence[dict[str, Any]] = (), call_tool: bool = False, images: Sequence[Any] = ()) -> Prompt:

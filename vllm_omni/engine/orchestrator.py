@@ -28,7 +28,9 @@ import numpy as np
 import torch
 
 from vllm_omni.audio.pcm import float_to_pcm16
+from vllm_omni.engine.backends import ray_stage
 from vllm_omni.engine.backends.async_stage import AsyncEngineStage
+from vllm_omni.engine.backends.ray_stage import RayStageReplica
 from vllm_omni.engine.backends.step_worker import StageWorker
 from vllm_omni.engine.detokenizer import IncrementalDetokenizer
 from vllm_omni.engine.family import ModelFamily, Route, ToolCallParser
@@ -95,6 +97,8 @@ class OmniEngine:
             torch.set_num_threads(self.deploy.server_torch_threads)
         self._records: dict[str, _Record] = {}
         self._lock = threading.Lock()
+        if self.deploy.ray is not None:
+            ray_stage.connect(self.deploy.ray)
         self.workers = {role: self._stage_replicas(role) for role in family.roles}
         self.max_requests = max_waiting_factor * self.workers[family.text_role].max_active
         self.pacer = PlaybackPacer(self.deploy.playback_pacing)
@@ -107,12 +111,16 @@ class OmniEngine:
 
     def _stage_replicas(self, role: str) -> StageReplicas:
         stage = self.deploy.stage_by_role(role)
-        replicas: list[StageWorker | AsyncEngineStage] = []
+        max_active = stage.engine_args.max_num_seqs or 8
+        replicas: list[StageWorker | AsyncEngineStage | RayStageReplica] = []
         for replica_stage in stage.replica_stages():
+            if self.deploy.ray is not None:
+                replicas.append(RayStageReplica(role, self.family.remote_program(replica_stage), self._on_event,
+                                                self._on_error, max_active, replica_stage.placement, self.deploy.ray))
+                continue
             program = self.family.make_program(replica_stage)
             stage_kind = AsyncEngineStage if isinstance(program, AsyncStageDriver) else StageWorker
-            replicas.append(stage_kind(role, program, self._on_event, self._on_error,
-                                       max_active=stage.engine_args.max_num_seqs or 8))
+            replicas.append(stage_kind(role, program, self._on_event, self._on_error, max_active=max_active))
         return StageReplicas(role, replicas)
 
     # Public interface -------------------------------------------------------------------

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from vllm_omni.config import DeployConfig
 from vllm_omni.engine.backends.async_stage import AsyncEngineStage
+from vllm_omni.engine.backends.ray_stage import RayStageReplica
 from vllm_omni.engine.graph import replica_name, stage_name
 from vllm_omni.engine.replicas import StageReplicas
 
@@ -57,5 +58,6 @@ class StageWatcher:
         """Free what the dead replica still holds, then restart it if the deploy says so."""
         replica = self.stages[role].replicas[index]
         replica.drop_all()
-        if isinstance(replica, AsyncEngineStage) and self.deploy.stage_by_role(role).restart_on_failure:
+        restartable = isinstance(replica, AsyncEngineStage | RayStageReplica)
+        if restartable and self.deploy.stage_by_role(role).restart_on_failure:
             replica.restart()

@@ -13,7 +13,8 @@ The final outputs are identical either way; only their timing differs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,13 @@ from vllm_omni.models.qwen3_omni.vllm_backend.talker import VllmTalkerDriver
 from vllm_omni.models.qwen3_omni.vllm_backend.thinker import VllmThinkerDriver
 
 DEFAULT_SPEAKER = "ethan"
+
+
+def _load_stage_program(model: str, deploy: dict[str, Any], stage: dict[str, Any],
+                        code2wav_mode: str) -> StageProgram | AsyncStageDriver:
+    """One stage replica's program, built in the process that runs it (a Ray actor)."""
+    family = Qwen3OmniFamily.load(model, DeployConfig.model_validate(deploy), code2wav_mode=code2wav_mode)
+    return family.make_program(StageConfig.model_validate(stage))
 
 
 
@@ -138,6 +146,10 @@ class Qwen3OmniFamily:
             return VllmTalkerDriver(self.checkpoint, stage) if stage.backend == "vllm" \
                 else TalkerProgram(self.checkpoint)
         return Code2WavProgram(self.checkpoint, self.code2wav_mode, self.chunking.codec_left_context_frames)
+
+    def remote_program(self, stage: StageConfig) -> Callable[[], StageProgram | AsyncStageDriver]:
+        return functools.partial(_load_stage_program, self.checkpoint.path, self.deploy.model_dump(mode="json"),
+                                 stage.model_dump(mode="json"), self.code2wav_mode)
 
     def set_async_chunk(self, on: bool) -> None:
         """Switch the connector policy for requests started from now on (the stages are
