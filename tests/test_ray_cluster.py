@@ -71,12 +71,15 @@ class LocalCluster:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
+    import ray
+
     local = LocalCluster()
     try:
         local.start_head()
         local.start_worker()
         yield local
     finally:
+        ray.shutdown()  # a driver left connected exits its process once the cluster is gone (60 s later)
         local.stop()
 
 
