@@ -26,10 +26,14 @@ RESTART_TIMEOUT_S = 300.0
 
 @pytest.fixture(scope="module")
 def replicated(tiny_checkpoint):
-    engine = make_engine(load_checkpoint(tiny_checkpoint, bridge_only=True), thinker_backend="vllm",
-                         talker_backend="vllm", restart_on_failure=True, replicas={"thinker": 2})
-    yield engine
-    engine.shutdown()
+    with pytest.MonkeyPatch.context() as patch:
+        # 1 GiB of KV cache per engine (restarted ones too): these three run beside the session's
+        # two, and the configs' share of memory per engine would not leave room for five
+        patch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+        engine = make_engine(load_checkpoint(tiny_checkpoint, bridge_only=True), thinker_backend="vllm",
+                             talker_backend="vllm", restart_on_failure=True, replicas={"thinker": 2})
+        yield engine
+        engine.shutdown()
 
 
 async def hold_a_thinker(engine) -> asyncio.Task:
