@@ -38,6 +38,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help="/v1/chat/completions: an answer not done by then ends with a timeout error (default 600)")
     serve.add_argument("--answer-audio-ttl-s", type=float,
                        help="/v1/chat/completions: how long an answer's audio id can be referred to (default 3600)")
+    serve.add_argument("--api-server-count", type=positive_int, default=1,
+                       help="API frontend processes sharing --port, on one engine (default 1: all in one process)")
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(run=serve_model)
 
@@ -48,7 +50,8 @@ def serve_model(args: argparse.Namespace) -> int:
     from vllm_omni.config import ConfigError, load_deploy_config
     from vllm_omni.models.registry import load_engine
     from vllm_omni.server.app import create_app
-    from vllm_omni.server.settings import ServerSettings
+    from vllm_omni.server.frontends import serve_frontends
+    from vllm_omni.server.settings import UVICORN_OPTIONS, ServerSettings
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -71,12 +74,23 @@ def serve_model(args: argparse.Namespace) -> int:
         idle_ttl_s=defaults.idle_ttl_s, reaper_interval_s=defaults.reaper_interval_s,
         native_duplex=native_duplex_settings(defaults),
         **{name: value for name, value in limits.items() if value is not None})
+    if args.api_server_count > 1:
+        try:
+            return serve_frontends(engine, settings, args.api_server_count, args.host, args.port, UVICORN_OPTIONS,
+                                   args.log_level)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     app = create_app(engine, settings)
-    # No per-message deflate: the traffic is mostly base64 audio, which compresses little, and
-    # compressing it cost the serving path more CPU than anything but code2wav under load.
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, ws_max_size=16 * 1024 * 1024,
-                ws_ping_interval=20, ws_ping_timeout=20, ws_per_message_deflate=False)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **UVICORN_OPTIONS)
     return 0
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
 
 
 def native_duplex_settings(defaults: SessionDefaults) -> NativeDuplexSettings:

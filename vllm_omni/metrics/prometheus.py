@@ -1,18 +1,26 @@
-"""Prometheus metrics of the realtime server (exported at /metrics)."""
+"""Prometheus metrics of the realtime server (exported at /metrics).
+
+With several API frontends (`--api-server-count N`) each frontend process writes its values
+to the folder named by PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess mode), and
+any frontend's /metrics reports the sum over all of them; gauges of live things count only
+live processes.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from vllm_omni.engine.replicas import ReplicaStats
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30)
 RTF_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 4, 8)
 
-ACTIVE_SESSIONS = Gauge("vllm_omni_realtime_active_sessions", "Open realtime sessions")
+ACTIVE_SESSIONS = Gauge("vllm_omni_realtime_active_sessions", "Open realtime sessions", multiprocess_mode="livesum")
 SESSIONS_TOTAL = Counter("vllm_omni_realtime_sessions_total", "Realtime sessions opened")
 RESPONSES = Counter("vllm_omni_realtime_responses_total", "Responses by final status", ["status"])
 ERRORS = Counter("vllm_omni_realtime_errors_total", "Error events sent, by code", ["code"])
@@ -50,8 +58,19 @@ REGISTRY.register(STAGE_REPLICAS)
 HTTP_REQUESTS = Counter("vllm_omni_http_requests_total", "HTTP generation requests by endpoint and status code",
                         ["endpoint", "status"])
 HTTP_ACTIVE_REQUESTS = Gauge("vllm_omni_http_active_requests", "HTTP generation requests being answered",
-                             ["endpoint"])
+                             ["endpoint"], multiprocess_mode="livesum")
 HTTP_TTFT = Histogram("vllm_omni_http_ttft_seconds", "HTTP request arrival to first text", ["endpoint"],
                       buckets=LATENCY_BUCKETS)
 HTTP_TTFP = Histogram("vllm_omni_http_ttfp_seconds", "HTTP request arrival to first audio", ["endpoint"],
                       buckets=LATENCY_BUCKETS)
+
+
+def exposition() -> bytes:
+    """The /metrics body: this process's metrics, or every frontend's in multiprocess mode
+    (the stage replicas come from the engine either way)."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return generate_latest()
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)
+    registry.register(STAGE_REPLICAS)
+    return generate_latest(registry)

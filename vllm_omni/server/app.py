@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vllm_omni.engine.interface import ServedEngine
@@ -19,15 +19,18 @@ from vllm_omni.server.auth import ApiKeyMiddleware
 from vllm_omni.server.chat_completions import chat_completions_router
 from vllm_omni.server.demo_page import add_demo_page
 from vllm_omni.server.duplex_registry import DuplexRegistry
+from vllm_omni.server.frontend_identity import FrontendHeader, FrontendIdentity
 from vllm_omni.server.realtime import RealtimeConnection
 from vllm_omni.server.settings import ServerSettings
 from vllm_omni.server.slots import SessionSlots
 from vllm_omni.session.factory import SessionFactory
 
 
-def create_app(engine: ServedEngine, settings: ServerSettings) -> FastAPI:
+def create_app(engine: ServedEngine, settings: ServerSettings, frontend: FrontendIdentity | None = None) -> FastAPI:
+    """The app of the one API server, or of one of several (`frontend`: server/frontends.py)."""
     slots = SessionSlots(settings.max_sessions)
-    duplex_sessions = DuplexRegistry(settings.disconnect_grace_s, settings.idle_ttl_s, settings.reaper_interval_s)
+    duplex_sessions = DuplexRegistry(settings.disconnect_grace_s, settings.idle_ttl_s, settings.reaper_interval_s,
+                                     frontend)
     created = int(time.time())
     factory = SessionFactory(engine, settings.session_options())
 
@@ -53,6 +56,8 @@ def create_app(engine: ServedEngine, settings: ServerSettings) -> FastAPI:
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, protect_metrics=settings.protect_metrics)
+    if frontend is not None:
+        app.add_middleware(FrontendHeader, index=frontend.index)
     app.include_router(chat_completions_router(engine, settings, slots))
     add_demo_page(app)
 
@@ -74,14 +79,15 @@ def create_app(engine: ServedEngine, settings: ServerSettings) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.websocket("/v1/realtime")
     async def realtime(websocket: WebSocket) -> None:
-        await RealtimeConnection(websocket, factory, settings, slots, duplex_sessions).serve()
+        await RealtimeConnection(websocket, factory, settings, slots, duplex_sessions, frontend=frontend).serve()
 
     @app.websocket("/v1/duplex")
     async def duplex(websocket: WebSocket) -> None:
-        await RealtimeConnection(websocket, factory, settings, slots, duplex_sessions, duplex_endpoint=True).serve()
+        await RealtimeConnection(websocket, factory, settings, slots, duplex_sessions, duplex_endpoint=True,
+                                 frontend=frontend).serve()
 
     return app

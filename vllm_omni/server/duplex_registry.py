@@ -7,7 +7,8 @@ within that time attaches a new connection, otherwise the session expires and en
 session without activity (a client event other than `session.event_ack`, or an event of its
 own) for `idle_ttl_s` loses its lease: it expires and its connection closes, however long
 the client's own `idle_timeout_s` is (§1.9). The registry is process-local, as resume
-credentials are (hence the single API worker).
+credentials are; with several API frontends each claims its sessions in the engine host's
+directory, and a resume that reaches another frontend is relayed here (server/duplex_relay.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_omni.protocol.server_event_builders import session_expired
+from vllm_omni.server.frontend_identity import FrontendIdentity
 from vllm_omni.session.base import Emit
 from vllm_omni.session.duplex_session import DuplexSession
 from vllm_omni.session.resume_journal import ResumeCredentials, ResumeJournal
@@ -60,8 +62,9 @@ class DuplexEntry:
 
 class DuplexRegistry:
     def __init__(self, grace_s: float = DISCONNECT_GRACE_S, idle_ttl_s: float | None = IDLE_TTL_S,
-                 reaper_interval_s: float = REAPER_INTERVAL_S):
+                 reaper_interval_s: float = REAPER_INTERVAL_S, frontend: FrontendIdentity | None = None):
         self.grace_s = grace_s
+        self.frontend = frontend  # one of several API frontends: sessions are claimed in its directory
         self.idle_ttl_s = idle_ttl_s  # None: leases never expire
         self.reaper_interval_s = reaper_interval_s
         self._entries: dict[str, DuplexEntry] = {}
@@ -72,6 +75,8 @@ class DuplexRegistry:
     def create(self, session_id: str, release: Callable[[], None]) -> DuplexEntry:
         entry = DuplexEntry(session_id, ResumeJournal(session_id), release)
         self._entries[session_id] = entry
+        if self.frontend is not None:
+            self.frontend.directory.claim(session_id, self.frontend.address)
         return entry
 
     def get(self, session_id: str) -> DuplexEntry | None:
@@ -102,7 +107,7 @@ class DuplexRegistry:
     def discard(self, entry: DuplexEntry) -> None:
         """An entry whose session never opened: gone, its slot free."""
         entry.ended = True
-        self._entries.pop(entry.session_id, None)
+        self._remove(entry)
         entry.release()
 
     async def end(self, entry: DuplexEntry, reason: str, *, expired: bool = False) -> None:
@@ -116,13 +121,18 @@ class DuplexRegistry:
             entry.emit(session_expired(session_id=entry.session_id, reason=reason))
             if entry.expired is not None:
                 entry.expired(reason)
-        self._entries.pop(entry.session_id, None)
+        self._remove(entry)
         if entry.session is not None:
             try:
                 await asyncio.wait_for(entry.session.close(), STOP_TIMEOUT_S)
             except Exception:
                 logger.exception("stopping duplex session %s failed", entry.session_id)
         entry.release()
+
+    def _remove(self, entry: DuplexEntry) -> None:
+        self._entries.pop(entry.session_id, None)
+        if self.frontend is not None:
+            self.frontend.directory.release(entry.session_id)
 
     async def reap_idle(self) -> None:
         """Runs for the server's life: every `reaper_interval_s`, sessions whose lease ran out

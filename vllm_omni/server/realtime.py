@@ -32,6 +32,8 @@ from vllm_omni.server.auth import UNAUTHORIZED, authorized
 from vllm_omni.server.duplex_handshake import NEEDS_OPENING_FIELDS, autostart, close_code, first_message, wait_for_text
 from vllm_omni.server.duplex_link import DuplexLink
 from vllm_omni.server.duplex_registry import DuplexRegistry
+from vllm_omni.server.duplex_relay import relay_resume
+from vllm_omni.server.frontend_identity import FrontendIdentity
 from vllm_omni.server.outbox import Outbox
 from vllm_omni.server.settings import ServerSettings
 from vllm_omni.server.slots import SessionSlots
@@ -48,9 +50,11 @@ MAX_CLOSE_REASON_BYTES = 123  # what a WebSocket close frame can carry
 
 class RealtimeConnection:
     def __init__(self, websocket: WebSocket, factory: SessionFactory, settings: ServerSettings,
-                 slots: SessionSlots, duplex_sessions: DuplexRegistry, *, duplex_endpoint: bool = False):
+                 slots: SessionSlots, duplex_sessions: DuplexRegistry, *, duplex_endpoint: bool = False,
+                 frontend: FrontendIdentity | None = None):
         self.websocket, self.factory, self.settings = websocket, factory, settings
         self.slots, self.duplex_sessions = slots, duplex_sessions
+        self.frontend = frontend  # one of several API frontends: resumes may belong to another
         self.duplex_endpoint = duplex_endpoint  # came by /v1/duplex
         self.outbox: Outbox | None = None
         self.session: RealtimeSession | None = None
@@ -132,6 +136,11 @@ class RealtimeConnection:
             if handshake is None:
                 handshake = await first_message(query, lambda t: wait_for_text(self.websocket.receive, t))
                 if handshake.resume is not None:
+                    owner = await self._other_owner(handshake.resume.session_id)
+                    if owner is not None:
+                        end = await relay_resume(self.websocket, owner, handshake.resume, self.settings.api_key)
+                        self._close_code, self._close_reason = end.code, end.reason
+                        return False
                     self.duplex.resume(handshake.resume)
                 else:
                     self.duplex.open(route, handshake, model)
@@ -150,6 +159,13 @@ class RealtimeConnection:
         if handshake.first is not None:
             await self.session.handle(handshake.first)
         return True
+
+    async def _other_owner(self, session_id: str) -> str | None:
+        """The address of the frontend that serves `session_id` when it is not this one."""
+        if self.frontend is None or self.duplex_sessions.get(session_id) is not None:
+            return None
+        owner = await self.frontend.directory.owner(session_id)
+        return owner if owner != self.frontend.address else None
 
     async def _stop_work(self) -> None:
         """Cancel everything the session started, once (bounded: a stuck engine call cannot

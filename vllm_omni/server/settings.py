@@ -8,6 +8,11 @@ from vllm_omni.protocol.session_config import TURN_DETECTION_DEFAULT_FIELDS
 from vllm_omni.protocol.states import SessionMode
 from vllm_omni.session.base import DEFAULT_MAX_HISTORY_AUDIO_S, NativeDuplexSettings, SessionOptions
 
+# No per-message deflate: the traffic is mostly base64 audio, which compresses little, and
+# compressing it cost the serving path more CPU than anything but code2wav under load.
+UVICORN_OPTIONS = {"ws_max_size": 16 * 1024 * 1024, "ws_ping_interval": 20.0, "ws_ping_timeout": 20.0,
+                   "ws_per_message_deflate": False}
+
 
 @dataclass
 class ServerSettings:
