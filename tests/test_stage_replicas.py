@@ -84,6 +84,20 @@ def test_a_new_request_goes_to_the_least_loaded_replica_and_stays_there() -> Non
     assert first.messages[-1] == ("d", "start d")
 
 
+def test_a_request_done_at_the_stage_no_longer_loads_its_replica() -> None:
+    stage_replicas, (first, second) = routed()
+    stage_replicas.submit("a", "start a")  # first
+    stage_replicas.submit("b", "start b")  # second
+    stage_replicas.submit("c", "start c")  # first (a tie)
+    stage_replicas.done("a")
+    stage_replicas.done("c")  # the thinker is through with a and c; later stages still speak them
+    stage_replicas.submit("d", "start d")
+    assert first.messages[-1] == ("d", "start d")  # by pins alone, the second would have it
+    assert stage_replicas.pinned_to(0) == ["a", "c", "d"]  # still pinned: their drop goes there
+    stage_replicas.drop("a")
+    assert first.dropped == ["a"]
+
+
 def test_a_sessions_turns_return_to_its_replica_while_it_is_healthy() -> None:
     stage_replicas, (first, second) = routed()
     stage_replicas.submit("s1-turn1", "x", affinity="s1")

@@ -270,6 +270,8 @@ class OmniEngine:
             self._route(record, role, event)
 
     def _route(self, record: _Record, role: str, event: object) -> None:
+        if isinstance(event, StageDone):
+            self.workers[role].done(record.request.request_id)  # it no longer loads its replica there
         if isinstance(event, StageDone) and role == self.family.text_role:
             record.finish_reason = FinishReason(event.reason)
             record.cached_tokens = max(record.cached_tokens, event.cached_prompt_tokens)  # a stop string's end has 0

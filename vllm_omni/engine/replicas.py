@@ -2,10 +2,12 @@
 
 A request is pinned to one replica of each stage at its first message there, and all its later
 messages (and its drop) go to that replica: the replica holds its state. The replica is the
-least loaded healthy one (fewest pinned requests), except that requests with the same affinity
-key (a realtime session's id) go back to the replica the key last used while it is healthy:
-a session's next turn extends its last prompt, and only that replica's prefix cache holds it.
-A pin ends when the engine drops the request (its end, however it ended).
+least loaded healthy one (fewest requests it still works on: pinned, and not yet done there),
+except that requests with the same affinity key (a realtime session's id) go back to the
+replica the key last used while it is healthy: a session's next turn extends its last prompt,
+and only that replica's prefix cache holds it. A pin ends when the engine drops the request
+(its end, however it ended); a request that is done at this stage (while later stages still
+speak it) no longer loads the replica.
 
 A replica dies alone: the engine fails the requests pinned to it (`pinned_to`) and routes new
 ones to the others; the stage is unavailable only when no replica is healthy.
@@ -55,6 +57,7 @@ class StageReplicas:
         self.replicas = replicas
         self.max_active = sum(replica.max_active for replica in replicas)
         self._pins: dict[str, int] = {}  # request id -> replica index
+        self._busy: set[str] = set()  # pinned requests not yet done at this stage
         self._affinity: OrderedDict[str, int] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -73,6 +76,7 @@ class StageReplicas:
             index = self._pins.get(request_id)
             if index is None:
                 index = self._pins[request_id] = self._choose(affinity)
+                self._busy.add(request_id)
         self.replicas[index].submit(request_id, message)
 
     def _choose(self, affinity: str | None) -> int:
@@ -80,7 +84,7 @@ class StageReplicas:
         if preferred is None or not self.replicas[preferred].healthy():
             healthy = [i for i, replica in enumerate(self.replicas) if replica.healthy()] or \
                 list(range(len(self.replicas)))  # none is: the engine fails the request
-            load = self.pinned_counts()
+            load = self._busy_counts()
             preferred = min(healthy, key=lambda i: load[i])
         if affinity is not None:
             self._affinity[affinity] = preferred
@@ -95,8 +99,20 @@ class StageReplicas:
             counts[index] += 1
         return counts
 
+    def _busy_counts(self) -> list[int]:
+        counts = [0] * len(self.replicas)
+        for request_id in self._busy:
+            counts[self._pins[request_id]] += 1
+        return counts
+
+    def done(self, request_id: str) -> None:
+        """The request's work at this stage is over (its `StageDone`); it stays pinned for its drop."""
+        with self._lock:
+            self._busy.discard(request_id)
+
     def drop(self, request_id: str) -> None:
         with self._lock:
+            self._busy.discard(request_id)
             index = self._pins.pop(request_id, None)
         if index is not None:
             self.replicas[index].drop(request_id)
