@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.scripted_engine import Audio, Raise, ScriptedEngine, Stall, Text
-from vllm_omni.engine.engine_host import EngineHost
+from vllm_omni.engine.engine_host import EngineHost, refusal
 from vllm_omni.engine.remote_engine import RemoteEngine
 from vllm_omni.engine.replicas import ReplicaStats
 from vllm_omni.engine.request import (
@@ -129,3 +129,11 @@ async def test_when_the_host_goes_away_requests_in_flight_fail(hosted) -> None:
     assert remote.closed.is_set()
     with pytest.raises(StageUnavailableError):
         await anext(remote.generate(OmniRequest([Message("user", text="again")])))
+
+
+def test_a_native_duplex_engine_is_refused(tmp_path) -> None:
+    engine = HostedEngine(native_duplex=object())  # its sessions' state lives in its process
+    assert "turn-based models only" in refusal(engine)
+    with pytest.raises(ValueError, match="--api-server-count 1"):
+        EngineHost(engine, str(tmp_path / "engine.sock"))
+    assert refusal(HostedEngine()) is None

@@ -48,6 +48,7 @@ def serve_model(args: argparse.Namespace) -> int:
     import uvicorn
 
     from vllm_omni.config import ConfigError, load_deploy_config
+    from vllm_omni.engine.engine_host import refusal
     from vllm_omni.models.registry import load_engine
     from vllm_omni.server.app import create_app
     from vllm_omni.server.frontends import serve_frontends
@@ -75,12 +76,13 @@ def serve_model(args: argparse.Namespace) -> int:
         native_duplex=native_duplex_settings(defaults),
         **{name: value for name, value in limits.items() if value is not None})
     if args.api_server_count > 1:
-        try:
-            return serve_frontends(engine, settings, args.api_server_count, args.host, args.port, UVICORN_OPTIONS,
-                                   args.log_level)
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        problem = refusal(engine)
+        if problem is not None:
+            engine.shutdown()
+            print(f"error: {problem}", file=sys.stderr)
             return 2
+        return serve_frontends(engine, settings, args.api_server_count, args.host, args.port, UVICORN_OPTIONS,
+                               args.log_level)
     app = create_app(engine, settings)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **UVICORN_OPTIONS)
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,24 +58,43 @@ class _Frontend:
             await asyncio.wait_for(self.writer.drain(), DRAIN_TIMEOUT_S)
 
 
+def refusal(engine: ServedEngine) -> str | None:
+    """Why `engine` cannot be served to several frontends (None: it can)."""
+    if engine.native_duplex is not None:
+        return ("several API frontends serve turn-based models only: a native duplex model keeps each "
+                "session's state in the process that runs it (use --api-server-count 1)")
+    return None
+
+
 class EngineHost:
     def __init__(self, engine: ServedEngine, socket_path: str):
-        if engine.native_duplex is not None:
-            raise ValueError("several API frontends serve turn-based models only: a native duplex model keeps "
-                             "each session's state in the process that runs it (use --api-server-count 1)")
+        problem = refusal(engine)
+        if problem is not None:
+            raise ValueError(problem)
         self.engine, self.socket_path = engine, socket_path
         self._description = describe(engine)
         self._frontends: set[_Frontend] = set()
         self._owners: dict[str, str] = {}  # duplex session id -> its frontend's private address
         self._server: asyncio.Server | None = None
+        # The loop keeps only weak references to tasks: these are held here until they end.
+        self._tasks: set[asyncio.Task] = set()
+        self._status: asyncio.Task | None = None
 
     async def start(self) -> None:
         self._server = await asyncio.start_unix_server(self._serve, path=self.socket_path)
-        asyncio.get_running_loop().create_task(self._publish_status())
+        self._status = self._spawn(self._publish_status())
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self._status is not None:
+            self._status.cancel()
         for frontend in list(self._frontends):
             frontend.writer.close()
 
@@ -102,11 +122,10 @@ class EngineHost:
         kind = message[0]
         if kind == "generate":
             request: OmniRequest = message[1]
-            task = asyncio.ensure_future(self._generate(frontend, request))
-            frontend.requests[request.request_id] = task
+            frontend.requests[request.request_id] = self._spawn(self._generate(frontend, request))
         elif kind == "call":
             _, call_id, method, args = message
-            asyncio.ensure_future(self._call(frontend, call_id, method, args))
+            self._spawn(self._call(frontend, call_id, method, args))
         elif kind == "claim":
             _, session_id, address = message
             self._owners[session_id] = address
