@@ -12,11 +12,21 @@ import torch
 
 from vllm_omni.config import PlaybackPacing
 from vllm_omni.engine.backends.vllm.engine_driver import cpu_bind_mask, visible_device_ids
-from vllm_omni.engine.backends.vllm.holding_scheduler import PACE, external_request_id
+from vllm_omni.engine.backends.vllm.holding_scheduler import (
+    PACE,
+    PacedExecutor,
+    PacedInProcessExecutor,
+    external_request_id,
+    paced_engine_kwargs,
+)
 from vllm_omni.engine.backends.vllm.tensor_wire import tensor_from_wire, tensor_to_wire
 from vllm_omni.engine.pacing import PaceSnapshot
 from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import TEXT_FEED, TextFeed
-from vllm_omni.models.qwen3_omni.vllm_backend.talker_gate import _TextGateMixin
+from vllm_omni.models.qwen3_omni.vllm_backend.talker_gate import (
+    TalkerExecutor,
+    TalkerInProcessExecutor,
+    _TextGateMixin,
+)
 
 EOS, PAD = 90, 91
 
@@ -118,6 +128,18 @@ def test_cpu_cores_become_vllm_thread_binding_per_rank() -> None:
     assert cpu_bind_mask([0, 1, 2, 3], 2) == "0,1|2,3"
     with pytest.raises(ValueError, match="needs as many cores"):
         cpu_bind_mask([0], 2)
+
+
+def test_one_device_runs_the_model_in_the_engine_process_several_in_workers() -> None:
+    """vLLM's CPU platform would start a worker process even for one device; the executor
+    chosen here runs the model in the EngineCore process then, as vLLM does on one GPU."""
+    assert paced_engine_kwargs({"tensor_parallel_size": 1}, cpu=True)["distributed_executor_backend"] \
+        is PacedInProcessExecutor
+    assert paced_engine_kwargs({"tensor_parallel_size": 2}, cpu=True)["distributed_executor_backend"] \
+        is PacedExecutor
+    talker = (TalkerExecutor, TalkerInProcessExecutor)
+    assert paced_engine_kwargs({}, cpu=False, executors=talker)["distributed_executor_backend"] \
+        is TalkerInProcessExecutor
 
 
 def test_stage_devices_are_numbered_as_this_process_sees_them() -> None:

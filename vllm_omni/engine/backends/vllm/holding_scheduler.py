@@ -8,21 +8,27 @@ are. When nothing at all could run, the scheduler pauses 1 ms instead of letting
 loop spin. Subclasses add reasons with `_held` (the talker's text gate). Selected with
 `scheduler_cls` (a class path).
 
-The scheduler runs in the EngineCore process, the model in worker processes (vLLM's CPU
-platform always uses the multiprocess executor). The driver sends each pacing snapshot
-with `collective_rpc("omni_pace", ...)`: `PacedExecutor` (selected with
+The scheduler runs in the EngineCore process. So does the model on a single device
+(`PacedInProcessExecutor`, on CPU too, where vLLM itself would start a worker process);
+with several devices it runs in worker processes (`PacedExecutor`). The driver sends each
+pacing snapshot with `collective_rpc("omni_pace", ...)`: either executor (selected with
 `distributed_executor_backend`) keeps it in the EngineCore's `PACE` and answers the call
-itself; the workers never see it.
+itself; the model never sees it.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
+import torch
+from vllm.platforms import current_platform
+from vllm.utils.ompmultiprocessing import OMPProcessManager
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
 from vllm_omni.engine.pacing import PaceSnapshot
 
@@ -99,26 +105,59 @@ class HoldingAsyncScheduler(_HoldingMixin, AsyncScheduler):
     pass
 
 
-class PacedExecutor(MultiprocExecutor):
+class _PaceCallMixin:
     def collective_rpc(self, method: Any, *args: Any, **kwargs: Any) -> Any:
         if method == PACE_RPC:
             PACE.snapshot = PaceSnapshot.from_wire(*rpc_args(args, kwargs))
             return [None]
-        return super().collective_rpc(method, *args, **kwargs)
+        return super().collective_rpc(method, *args, **kwargs)  # type: ignore[misc]
+
+
+class PacedExecutor(_PaceCallMixin, MultiprocExecutor):
+    pass
+
+
+class PacedInProcessExecutor(_PaceCallMixin, UniProcExecutor):
+    """The model runs in the EngineCore process, as vLLM runs one device on GPUs: no worker
+    process, and no shared-memory queue between scheduler and model whose readers spin.
+    On CPU the process takes the cores vLLM would have bound a worker to."""
+
+    def _init_executor(self) -> None:
+        if current_platform.is_cpu():
+            bind_cpu_threads(self.vllm_config)
+        super()._init_executor()
+
+
+def bind_cpu_threads(vllm_config: Any) -> None:
+    """This process's threads on the cores of vLLM's CPU binding (VLLM_CPU_OMP_THREADS_BIND),
+    one torch thread per core; "nobind" leaves them alone."""
+    binding = OMPProcessManager(vllm_config)
+    if binding.skip_setup or not binding.cpu_lists:
+        return
+    cores = binding.cpu_lists[0]
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(len(cores))
 
 
 HOLDING_SCHEDULERS = (f"{__name__}.HoldingScheduler", f"{__name__}.HoldingAsyncScheduler")
 
 
+PACED_EXECUTORS = (PacedExecutor, PacedInProcessExecutor)
+
+
 def paced_engine_kwargs(kwargs: dict[str, Any], cpu: bool, schedulers: tuple[str, str] = HOLDING_SCHEDULERS,
-                        executor: type = PacedExecutor, async_by_default: bool = True) -> dict[str, Any]:
+                        executors: tuple[type, type] = PACED_EXECUTORS,
+                        async_by_default: bool = True) -> dict[str, Any]:
     """`kwargs` with a holding scheduler (class paths: synchronous, asynchronous) and a
     pacing executor, unless the stage's config chose its own scheduler. Asynchronous
     scheduling where the stage asks for it or `async_by_default` (vLLM's own default on
-    GPUs), never on CPU; vLLM is told which, so its engine loop matches the scheduler."""
+    GPUs), never on CPU; vLLM is told which, so its engine loop matches the scheduler.
+    The executor (multiprocess, in-process) is the in-process one for a single device, as
+    vLLM chooses itself: on CPU too, where vLLM would always start a worker process."""
     if "scheduler_cls" not in kwargs:
         async_scheduling = bool(kwargs.get("async_scheduling", async_by_default)) and not cpu
         kwargs["scheduler_cls"] = schedulers[1] if async_scheduling else schedulers[0]
         kwargs["async_scheduling"] = async_scheduling
-    kwargs["distributed_executor_backend"] = executor
+    single_device = kwargs.get("tensor_parallel_size", 1) * kwargs.get("pipeline_parallel_size", 1) == 1
+    kwargs["distributed_executor_backend"] = executors[1] if single_device else executors[0]
     return kwargs

@@ -79,9 +79,9 @@ class VllmTalkerDriver(VllmEngineDriver):
     def scheduling(self) -> tuple:
         """The text gate's scheduler and executor (talker_gate.py), which also pace;
         synchronous scheduling only (`engine_kwargs` refuses asynchronous)."""
-        from vllm_omni.models.qwen3_omni.vllm_backend.talker_gate import TalkerExecutor
+        from vllm_omni.models.qwen3_omni.vllm_backend.talker_gate import TalkerExecutor, TalkerInProcessExecutor
 
-        return (GATE.format("TalkerScheduler"),) * 2, TalkerExecutor, False
+        return (GATE.format("TalkerScheduler"),) * 2, (TalkerExecutor, TalkerInProcessExecutor), False
 
     def starts_request(self, message: object) -> bool:
         return isinstance(message, TalkerJob)

@@ -5,10 +5,11 @@ A talker decode step needs the thinker's next text row. Requests whose row has n
 arrived yet sit out the step, as answers that playback pacing lets yield do
 (engine/backends/vllm/holding_scheduler.py). Selected with `scheduler_cls` (a class path).
 
-The scheduler runs in the EngineCore process, the model in worker processes. The text
-reaches both through `collective_rpc`: `TalkerExecutor` (selected with
-`distributed_executor_backend`) files pushed text and forgets in the EngineCore's own
-`TEXT_FEED`, then forwards the call to the workers as usual.
+The text reaches both the scheduler and the model through `collective_rpc`. With the model
+in worker processes, `TalkerExecutor` (selected with `distributed_executor_backend`) files
+pushed text and forgets in the EngineCore's own `TEXT_FEED`, then forwards the call to the
+workers as usual; with the model in the EngineCore's process (`TalkerInProcessExecutor`,
+one device) the model's call fills the one `TEXT_FEED` both read.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_omni.engine.backends.vllm.holding_scheduler import (
     PacedExecutor,
+    PacedInProcessExecutor,
     _HoldingMixin,
     external_request_id,
     rpc_args,
@@ -48,3 +50,8 @@ class TalkerExecutor(PacedExecutor):
         elif method == "omni_forget":
             TEXT_FEED.forget(*rpc_args(args, kwargs))
         return super().collective_rpc(method, *args, **kwargs)
+
+
+class TalkerInProcessExecutor(PacedInProcessExecutor):
+    """The model shares the EngineCore's process and so its `TEXT_FEED`: the workers' copy
+    is the gate's, filled once by the call the model answers."""
