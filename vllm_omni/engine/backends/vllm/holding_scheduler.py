@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 import torch
+from vllm.config import VllmConfig
 from vllm.platforms import current_platform
 from vllm.utils.ompmultiprocessing import OMPProcessManager
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -128,9 +129,10 @@ class PacedInProcessExecutor(_PaceCallMixin, UniProcExecutor):
         super()._init_executor()
 
 
-def bind_cpu_threads(vllm_config: Any) -> None:
-    """This process's threads on the cores of vLLM's CPU binding (VLLM_CPU_OMP_THREADS_BIND),
-    one torch thread per core; "nobind" leaves them alone."""
+def bind_cpu_threads(vllm_config: VllmConfig) -> None:
+    """The calling thread, and every thread it starts afterwards (the EngineCore starts its
+    I/O threads after the executor), on the cores of vLLM's CPU binding
+    (VLLM_CPU_OMP_THREADS_BIND), one torch thread per core; "nobind" leaves them alone."""
     binding = OMPProcessManager(vllm_config)
     if binding.skip_setup or not binding.cpu_lists:
         return

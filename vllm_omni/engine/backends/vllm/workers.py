@@ -4,9 +4,9 @@ vLLM imports `worker_cls` by its qualified name where the model runs (a worker p
 the EngineCore process on one device), so a family's workers module exposes names like
 `CaptureCPUWorker` through `worker_namespace`: each name builds its class on first use from
 the family's worker mixin (given by import path, so nothing of the family is imported until
-a worker asks) and the platform's vLLM worker. The
-mixin's `init_device` (from `RunnerExtensionWorkerMixin`) turns the model runner into a
-subclass carrying the runner extension (`runner_mixin`); the same mixin serves CPU and GPU.
+a worker asks) and the platform's vLLM worker. The mixin's `init_device` (from
+`RunnerExtensionWorkerMixin`) turns the model runner into a subclass carrying the runner
+extension (`runner_mixin`); the same mixin serves CPU and GPU.
 """
 
 from __future__ import annotations
