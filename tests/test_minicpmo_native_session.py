@@ -500,3 +500,11 @@ async def test_four_sessions_at_real_time_pace_decide_every_unit_in_time(server)
             break
         await asyncio.sleep(0.1)
     assert engine.open_streams == 0
+
+
+def test_a_nice_minicpmo_could_not_apply_is_refused(minicpmo_checkpoint) -> None:
+    """Its vLLM thinker runs vLLM's own executor, which does not set a stage's `nice`."""
+    deploy = load_deploy_config("configs/minicpmo_4_5_tiny_cpu.yaml")
+    stages = [s.model_copy(update={"nice": 5}) if s.backend == "vllm" else s for s in deploy.stages]
+    with pytest.raises(ValueError, match="does not take nice"):
+        load_engine(minicpmo_checkpoint, deploy.model_copy(update={"stages": stages}))

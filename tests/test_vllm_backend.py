@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import httpx
 import jsonschema
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.engine_helpers import async_chunk_set_to, end_requests_every_way, run_request
-from tests.fault_helpers import kill_during_request, wait_until_healthy
+from tests.fault_helpers import engine_core_pid, kill_during_request, wait_until_healthy
 from tests.test_engine_faults import spoken_conversation
 from tests.test_pipeline_parity import CASES, engine_request, reference  # noqa: F401  (fixture)
 from vllm_omni.engine import AudioChunk, Message, OmniRequest, RequestError
@@ -37,6 +38,14 @@ def test_both_stages_run_on_vllm_engine(vllm_engine) -> None:
                if hasattr(stage.replicas[0], "driver")}
     assert isinstance(drivers["thinker"], VllmThinkerDriver)
     assert isinstance(drivers["talker"], VllmTalkerDriver)
+
+
+def test_engines_run_at_the_stages_nice_and_the_server_does_not(vllm_engine) -> None:
+    """The served CPU config lowers both engines' OS priority (`nice` 10), so the server's
+    code2wav and sockets win a busy core; the server process itself keeps its own."""
+    for role in ("thinker", "talker"):
+        nice = vllm_engine.deploy.stage_by_role(role).nice
+        assert os.getpriority(os.PRIO_PROCESS, engine_core_pid(vllm_engine, role)) == os.nice(0) + nice
 
 
 @pytest.mark.parametrize("async_chunk", [True, False], ids=["async_chunk", "sync"])

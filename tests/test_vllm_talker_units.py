@@ -10,9 +10,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from vllm_omni.config import PlaybackPacing
-from vllm_omni.engine.backends.vllm.engine_driver import cpu_bind_mask, visible_device_ids
+from vllm_omni.config import PlaybackPacing, StageConfig
+from vllm_omni.engine.backends.vllm.engine_driver import cpu_bind_mask, engine_kwargs, visible_device_ids
 from vllm_omni.engine.backends.vllm.holding_scheduler import (
+    NICE_KEY,
     PACE,
     PacedExecutor,
     PacedInProcessExecutor,
@@ -140,6 +141,13 @@ def test_one_device_runs_the_model_in_the_engine_process_several_in_workers() ->
     talker = (TalkerExecutor, TalkerInProcessExecutor)
     assert paced_engine_kwargs({}, cpu=False, executors=talker)["distributed_executor_backend"] \
         is TalkerInProcessExecutor
+
+
+def test_a_stages_nice_joins_the_engines_additional_config() -> None:
+    stage = StageConfig(stage_id=1, role="talker", backend="vllm", nice=7)
+    kwargs = engine_kwargs(stage, "model", additional_config={"omni_frame_address": "ipc://frames"})
+    assert kwargs["additional_config"] == {"omni_frame_address": "ipc://frames", NICE_KEY: 7}
+    assert "additional_config" not in engine_kwargs(stage.model_copy(update={"nice": 0}), "model")
 
 
 def test_stage_devices_are_numbered_as_this_process_sees_them() -> None:

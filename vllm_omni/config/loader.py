@@ -205,10 +205,14 @@ def _cross_references(config: DeployConfig) -> list[str]:
 
 def _stage_rules(config: DeployConfig) -> list[str]:
     """Keys that only make sense with some backends."""
-    return [f"stages[{i}].restart_on_failure: needs backend 'vllm' or the deploy's `ray` (a torch stage "
-            f"runs inside the server's process; got backend {stage.backend!r})"
-            for i, stage in enumerate(config.stages)
-            if stage.restart_on_failure and stage.backend != "vllm" and config.ray is None]
+    restarts = [f"stages[{i}].restart_on_failure: needs backend 'vllm' or the deploy's `ray` (a torch stage "
+                f"runs inside the server's process; got backend {stage.backend!r})"
+                for i, stage in enumerate(config.stages)
+                if stage.restart_on_failure and stage.backend != "vllm" and config.ray is None]
+    nices = [f"stages[{i}].nice: needs backend 'vllm' (it is the niceness of a vLLM engine's processes; "
+             f"got backend {stage.backend!r})"
+             for i, stage in enumerate(config.stages) if stage.nice and stage.backend != "vllm"]
+    return restarts + nices
 
 
 def load_deploy_config(path: str | os.PathLike[str], platform: str | None = None) -> DeployConfig:

@@ -86,6 +86,11 @@ class StageConfig(_Strict):
     # CPU platform, vLLM stages: the cores the engine's compute threads are bound to (vLLM's
     # VLLM_CPU_OMP_THREADS_BIND); unset, vLLM binds every engine to the same cores itself.
     cpu_cores: list[NonNegativeInt] | None = None
+    # vLLM stages: the OS niceness of the engine's processes (0 to 19, as `nice`). Where the
+    # engines share cores with the server process (CPU), a positive value lets the server's
+    # own work take a busy core first: the last stage (code2wav) and the sockets, what a
+    # listener waits for, while the engines upstream are usually ahead of playback.
+    nice: int = Field(default=0, ge=0, le=19)
     engine_args: EngineArgs = Field(default_factory=EngineArgs)
     default_sampling_params: SamplingParams = Field(default_factory=SamplingParams)
     # vLLM stages, and every stage on Ray: when the stage's engine (or Ray actor) dies, its

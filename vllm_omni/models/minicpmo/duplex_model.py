@@ -64,6 +64,9 @@ class MiniCPMOUnitModel:
             if stage.replicas != 1:
                 raise ValueError(f"stage {stage.stage_id} ({stage.role}): MiniCPM-o runs one replica of each stage "
                                  "(a session's state lives in all three); serve more sessions with more servers")
+            if stage.nice:
+                raise ValueError(f"stage {stage.stage_id} ({stage.role}): MiniCPM-o's engine does not take nice "
+                                 "(its vLLM thinker runs vLLM's own executor)")
             if stage.backend != "torch" and stage.role != "thinker":
                 raise ValueError(f"stage {stage.stage_id} ({stage.role}): MiniCPM-o's talker and token2wav run "
                                  "on backend 'torch' (docs/minicpmo.md, \"Serving\")")

@@ -121,6 +121,10 @@ def engine_kwargs(stage: StageConfig, model: str, *, prefix_caching: bool = Fals
     if args.limit_mm_per_prompt:  # over the driver's defaults, modality by modality
         kwargs["limit_mm_per_prompt"] = {**kwargs.get("limit_mm_per_prompt", {}), **args.limit_mm_per_prompt}
     kwargs.update(args.extra)
+    if stage.nice:  # the pacing executors apply it in the engine's process
+        from vllm_omni.engine.backends.vllm.holding_scheduler import NICE_KEY
+
+        kwargs["additional_config"] = {**kwargs.get("additional_config", {}), NICE_KEY: stage.nice}
     if cpu_platform():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     return kwargs

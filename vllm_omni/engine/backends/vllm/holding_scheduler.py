@@ -35,6 +35,7 @@ from vllm_omni.engine.pacing import PaceSnapshot
 
 IDLE_PAUSE_S = 0.001
 PACE_RPC = "omni_pace"
+NICE_KEY = "omni_nice"  # in vLLM's additional_config: the stage's `nice`
 
 
 def external_request_id(internal_id: str) -> str:
@@ -115,7 +116,9 @@ class _PaceCallMixin:
 
 
 class PacedExecutor(_PaceCallMixin, MultiprocExecutor):
-    pass
+    def _init_executor(self) -> None:
+        apply_nice(self.vllm_config)  # before the workers start: they inherit it
+        super()._init_executor()
 
 
 class PacedInProcessExecutor(_PaceCallMixin, UniProcExecutor):
@@ -124,9 +127,18 @@ class PacedInProcessExecutor(_PaceCallMixin, UniProcExecutor):
     On CPU the process takes the cores vLLM would have bound a worker to."""
 
     def _init_executor(self) -> None:
+        apply_nice(self.vllm_config)
         if current_platform.is_cpu():
             bind_cpu_threads(self.vllm_config)
         super()._init_executor()
+
+
+def apply_nice(vllm_config: VllmConfig) -> None:
+    """The stage's `nice` (engine_kwargs puts it in `additional_config`) on the calling
+    thread, and so on every thread and process it starts afterwards."""
+    nice = vllm_config.additional_config.get(NICE_KEY, 0)
+    if nice:
+        os.nice(nice)
 
 
 def bind_cpu_threads(vllm_config: VllmConfig) -> None:
