@@ -49,3 +49,11 @@ class TokenSampler:
             sorted_probs[outside] = 0.0
             probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
         return int(torch.multinomial(probs, 1, generator=self._generator))
+
+
+def choose_each(samplers: Sequence[TokenSampler], logits: torch.Tensor) -> list[int]:
+    """One token per row of `logits` [R, vocab], row i by `samplers[i]`. All-greedy batches
+    take one batched argmax, which picks what the per-row argmax does (the first maximum)."""
+    if all(sampler.params.temperature == 0 for sampler in samplers):
+        return logits.argmax(dim=-1).tolist()
+    return [sampler.choose(row) for sampler, row in zip(samplers, logits, strict=True)]

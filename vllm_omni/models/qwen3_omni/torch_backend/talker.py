@@ -18,6 +18,7 @@ from transformers.cache_utils import DynamicCache
 from vllm_omni.config import SamplingParams
 from vllm_omni.engine.backends.torch_sampling import TokenSampler, apply_repetition_penalty
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
+from vllm_omni.models.qwen3_omni.code_predictor import CodePredictor
 from vllm_omni.models.qwen3_omni.positions import step_positions
 
 SUPPRESSED_TAIL = 1024  # the last 1024 codec ids are control tokens, never sampled (but EOS)
@@ -51,7 +52,7 @@ class TorchTalker:
         vocab = cfg.text_config.vocab_size
         self._suppressed = torch.tensor([i for i in range(vocab - SUPPRESSED_TAIL, vocab)
                                          if i != self.eos_token_id])
-        self.num_code_groups = cfg.num_code_groups
+        self.code_predictor = CodePredictor(self.module.code_predictor, cfg.num_code_groups)
 
     def new_sequence(self, sampling: SamplingParams) -> TalkerSequence:
         return TalkerSequence(sampling=sampling,
@@ -91,25 +92,12 @@ class TorchTalker:
     @torch.no_grad()
     def complete_frame(self, seq: TalkerSequence) -> tuple[list[int], torch.Tensor]:
         """Residual codes of the last sampled codebook-0 id: the frame's 16 codes, and the
-        sum of the frame's 16 codec embeddings (the next step's input before the text row)."""
-        predictor = self.module.code_predictor
-        code0 = torch.tensor([[seq.codes0[-1]]])
-        embeddings = [self.module.get_input_embeddings()(code0)]
-        cache = DynamicCache(config=predictor.config)
-        hidden = torch.cat((seq.last_hidden, embeddings[0]), dim=1)
-        out = predictor(inputs_embeds=hidden, attention_mask=torch.ones(1, 2, dtype=torch.long),
-                        past_key_values=cache, use_cache=True)
-        codes = [seq.codes0[-1]]
-        for group in range(1, self.num_code_groups):
-            code = seq.residual_sampler.choose(out.logits[0, -1].float())
-            codes.append(code)
-            code_tensor = torch.tensor([[code]])
-            embeddings.append(predictor.get_input_embeddings()[group - 1](code_tensor))
-            if group + 1 < self.num_code_groups:
-                out = predictor(input_ids=code_tensor, generation_steps=group,
-                                attention_mask=torch.ones(1, group + 2, dtype=torch.long),
-                                past_key_values=cache, use_cache=True)
-        return codes, torch.cat(embeddings, dim=1).sum(1, keepdim=True)
+        sum of the frame's 16 codec embeddings [1, 1, D] (the next step's input before the text row)."""
+        code0 = seq.codes0[-1]
+        code0_embedding = self.module.get_input_embeddings()(torch.tensor([code0]))
+        frames, codec_sums = self.code_predictor.complete_frames(seq.last_hidden[0], code0_embedding, [code0],
+                                                                 [seq.residual_sampler])
+        return frames[0], codec_sums[:, None]
 
     @torch.no_grad()
     def decode(self, seq: TalkerSequence, next_input: torch.Tensor) -> int:

@@ -34,7 +34,6 @@ from types import SimpleNamespace
 
 import torch
 from torch import nn
-from transformers.cache_utils import DynamicCache
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration,
     Qwen3OmniMoeTalkerResizeMLP,
@@ -50,6 +49,7 @@ from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper
 from vllm_omni.config import SamplingParams
 from vllm_omni.engine.backends.torch_sampling import TokenSampler, apply_repetition_penalty
 from vllm_omni.engine.backends.vllm.holding_scheduler import external_request_id
+from vllm_omni.models.qwen3_omni.code_predictor import CodePredictor
 from vllm_omni.models.qwen3_omni.torch_backend.talker import SUPPRESSED_TAIL, code_predictor_sampling
 from vllm_omni.models.qwen3_omni.vllm_backend.talker_feed import TEXT_FEED, TextFeed
 
@@ -148,12 +148,12 @@ class Qwen3OmniTalkerForVllm(nn.Module):
         talker_config = full.talker_config
         text = talker_config.text_config
         self.eos_token_id = talker_config.codec_eos_token_id
-        self.num_code_groups = talker_config.num_code_groups
         self.model = TalkerModel(text, vllm_config, "model")
         self.codec_head = ParallelLMHead(text.vocab_size, text.hidden_size, prefix="codec_head")
         self.logits_processor = LogitsProcessor(text.vocab_size)
         self.code_predictor = Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration._from_config(
             talker_config.code_predictor_config)
+        self.code_predictor_runner = CodePredictor(self.code_predictor, talker_config.num_code_groups)
         self.text_projection = Qwen3OmniMoeTalkerResizeMLP(talker_config)
         thinker_text = full.thinker_config.text_config
         self.thinker_embedding = VocabParallelEmbedding(thinker_text.vocab_size, thinker_text.hidden_size,
@@ -288,36 +288,12 @@ class Qwen3OmniTalkerForVllm(nn.Module):
                 framed.append((request_id, code0))
         if not framed:
             return
-        codes0 = torch.tensor([code for _, code in framed], device=self.suppressed.device)
+        codes0 = [code for _, code in framed]
         last_hidden = torch.stack([self.requests[rid].last_hidden for rid, _ in framed])
-        frames, codec_sums = self._complete_frames(last_hidden, codes0, [rid for rid, _ in framed])
+        code0_embeddings = self.model.codec_embedding(torch.tensor(codes0, device=self.suppressed.device))
+        frames, codec_sums = self.code_predictor_runner.complete_frames(
+            last_hidden, code0_embeddings, codes0, [self.requests[rid].residual_sampler for rid, _ in framed])
         for (rid, _), frame, codec_sum in zip(framed, frames, codec_sums, strict=True):
             state = self.requests[rid]
             state.frames.append(frame)
             state.codec_sum = codec_sum
-
-    def _complete_frames(self, last_hidden: torch.Tensor, codes0: torch.Tensor,
-                         request_ids: list[str]) -> tuple[list[list[int]], torch.Tensor]:
-        """The code predictor for a batch of rows: residual codebooks 1..15 of each row's
-        codebook-0 id, and the sum of the frame's 16 codec embeddings."""
-        predictor = self.code_predictor
-        embeddings = self.model.codec_embedding(codes0)  # [R, D]
-        total = embeddings.clone()
-        cache = DynamicCache(config=predictor.config)
-        batch = codes0.shape[0]
-        out = predictor(inputs_embeds=torch.stack((last_hidden, embeddings), dim=1),
-                        attention_mask=torch.ones(batch, 2, dtype=torch.long, device=codes0.device),
-                        past_key_values=cache, use_cache=True)
-        frames = [[int(code)] for code in codes0]
-        for group in range(1, self.num_code_groups):
-            logits = out.logits[:, -1].float()
-            chosen = [self.requests[rid].residual_sampler.choose(logits[i]) for i, rid in enumerate(request_ids)]
-            for frame, code in zip(frames, chosen, strict=True):
-                frame.append(code)
-            code_ids = torch.tensor(chosen, device=codes0.device)[:, None]
-            total = total + predictor.get_input_embeddings()[group - 1](code_ids)[:, 0]
-            if group + 1 < self.num_code_groups:
-                out = predictor(input_ids=code_ids, generation_steps=group,
-                                attention_mask=torch.ones(batch, group + 2, dtype=torch.long, device=codes0.device),
-                                past_key_values=cache, use_cache=True)
-        return frames, total
