@@ -51,7 +51,7 @@ class CodePredictor:
         cache = DynamicCache(config=self.module.config)
         embeddings = [code0_embeddings]
         logits = self._logits(torch.stack((last_hidden, code0_embeddings), dim=1), cache, head=0)
-        frames = [[int(code)] for code in codes0]
+        frames = [[code] for code in codes0]
         for group in range(1, self.num_code_groups):
             chosen = choose_each(samplers, logits)
             for frame, code in zip(frames, chosen, strict=True):

@@ -13,7 +13,8 @@ The scheduler runs in the EngineCore process. So does the model on a single devi
 with several devices it runs in worker processes (`PacedExecutor`). The driver sends each
 pacing snapshot with `collective_rpc("omni_pace", ...)`: either executor (selected with
 `distributed_executor_backend`) keeps it in the EngineCore's `PACE` and answers the call
-itself; the model never sees it.
+itself; the model never sees it. Both executors also apply the stage's `nice`
+(`apply_nice`) before anything else starts in the engine's process.
 """
 
 from __future__ import annotations
