@@ -104,10 +104,10 @@ def test_events_are_stamped_when_they_arrive_not_when_read(server_url: str) -> N
 
     async def scenario():
         conn = await RealtimeConnection.open(realtime_url(server_url))
-        await asyncio.sleep(0.5)  # session.created arrives meanwhile
+        await asyncio.sleep(1.0)  # session.created arrives meanwhile
         read_at = time.monotonic()
         created = await conn.next()
-        assert created["type"] == "session.created" and created["_t"] < read_at - 0.3
+        assert created["type"] == "session.created" and created["_t"] < read_at  # stamped on read would be later
         await conn.close_session()
 
     asyncio.run(scenario())

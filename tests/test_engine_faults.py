@@ -84,7 +84,8 @@ def test_a_dead_stage_fails_every_request_and_refuses_new_ones(tiny_loaded) -> N
         with pytest.raises(StageUnavailableError, match=r"talker \(stage_id 1\)") as refused:
             async for _ in doomed.generate(long_request()):
                 pass
-        assert time.monotonic() - began < 0.1 and refused.value.code == "stage_unavailable"
+        # Refused at admission, not after a wait: 1 s holds on a loaded 2-core machine.
+        assert time.monotonic() - began < 1.0 and refused.value.code == "stage_unavailable"
 
     with serving(make_engine(tiny_loaded)) as (url, doomed, _):
         asyncio.run(scenario(doomed))

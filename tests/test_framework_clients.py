@@ -4,8 +4,10 @@ Each client (the `openai` SDK, openai-agents' RealtimeRunner, pipecat's
 OpenAIRealtimeLLMService, LiveKit's RealtimeModel session) runs each step in its own
 connection: two audio turns, a text-only turn, a greet-first reply from instructions alone,
 and a forced tool call round trip. A step passes when its responses complete, as the client
-saw them, and the client's own hooks (error callbacks, error events, its loggers) caught no
-error. The drivers are in tests/framework_clients/; a client that is not installed is
+saw them, the client's own hooks (error callbacks, error events, its loggers) caught no
+error, and the server sent no `error` event at all: every frame passes through a recording
+proxy (tests/framework_clients/proxy.py), so an error the client ignored or never read counts
+too. The drivers are in tests/framework_clients/; a client that is not installed is
 skipped. scripts/setup.sh installs them (the `frameworks` extra, with websockets' and
 protobuf's caps overridden; see there).
 """

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from vllm_omni.config import PlaybackPacing
 from vllm_omni.engine.backends.step_worker import StageWorker
 from vllm_omni.engine.pacing import PaceSnapshot, PlaybackPacer
@@ -47,10 +49,14 @@ def test_the_pacer_tracks_delivery_and_tells_its_listeners() -> None:
     pacer.listeners.append(seen.append)
     pacer.add("a")
     assert pacer.snapshot.lead_s("a", NOW) is None
+    before = time.monotonic()
     pacer.delivered("a", 2.0)
     pacer.delivered("a", 1.0)
     started, delivered = pacer.snapshot.playback["a"]
-    assert delivered == 3.0 and 2.9 < pacer.snapshot.lead_s("a", time.monotonic()) <= 3.0
+    # playback starts at the first delivery; the lead is delivered audio minus the time since
+    assert delivered == 3.0 and before <= started <= time.monotonic()
+    assert pacer.snapshot.lead_s("a", started) == 3.0
+    assert pacer.snapshot.lead_s("a", started + 0.5) == pytest.approx(2.5)
     pacer.forget("a")
     assert pacer.snapshot.playback == {} and len(seen) == 4
     assert PaceSnapshot.from_wire(*seen[2].to_wire()) == seen[2]

@@ -209,7 +209,8 @@ def test_killed_engines_fail_their_requests_and_restart(vllm_engine) -> None:
             assert f"{role} (stage_id {stage_id})" in final.error
             assert outcome.kill_to_final_s < 2.0, outcome
             assert outcome.outputs_before_kill == 0 or point != "before_output"
-            assert outcome.refusal_s < 0.1 and f"{role} (stage_id {stage_id})" in str(outcome.refusal)
+            # refused at admission, not after a wait (1 s holds on a loaded 2-core machine)
+            assert outcome.refusal_s < 1.0 and f"{role} (stage_id {stage_id})" in str(outcome.refusal)
             await wait_until_healthy(engine, 300)
         after = await run_request(engine, engine_request("text"))
         assert after["final"].finish_reason in ("stop", "length"), after["final"].error

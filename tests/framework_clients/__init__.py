@@ -9,7 +9,8 @@ One module per client: ``openai_sdk`` (the official ``openai`` SDK), ``openai_ag
 
 for the steps in ``common.STEPS``. A driver connects through ``proxy.RecordingProxy``, so
 every frame each way is on record, and captures the client-side errors through the
-framework's own hooks (error callbacks, error events, its loggers); see each module.
+framework's own hooks (error callbacks, error events, its loggers); see each module. Every
+server ``error`` event the proxy saw fails the step too (``StepOutcome.passed``).
 
 Run one against a running server: ``python -m tests.framework_clients <client> <ws_url> [step]``.
 """

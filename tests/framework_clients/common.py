@@ -151,14 +151,19 @@ class StepOutcome:
     responses: list[dict[str, Any]] = field(default_factory=list)  # as the client saw them
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     session_updates: list[dict[str, Any]] = field(default_factory=list)  # sent by the client
-    server_errors: list[dict[str, Any]] = field(default_factory=list)  # `error` events the server sent
+    server_errors: list[dict[str, Any]] = field(default_factory=list)  # `error` events the server sent: each fails
     sent: list[str] = field(default_factory=list)
     received: list[str] = field(default_factory=list)
     close: Any = None
 
     @property
     def passed(self) -> bool:
-        return self.ok and not self.client_errors and not self.failures
+        """The step's checks held, the client caught no error, and the server sent no `error` event.
+
+        Server errors count as the proxy saw them, whatever the client did with them: a framework
+        may drop one it does not act on (pipecat ignores `response_cancel_not_active`, say), or
+        get it after it stopped reading. No step provokes one on purpose."""
+        return self.ok and not self.client_errors and not self.failures and not self.server_errors
 
     def fill_from(self, proxy: RecordingProxy) -> None:
         self.session_updates = proxy.events("c2s", "session.update")
