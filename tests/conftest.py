@@ -75,6 +75,19 @@ def vllm_engine(tiny_checkpoint: Path):
     engine.shutdown()
 
 
+@pytest.fixture(scope="session")
+def minicpmo_vllm_engine(minicpmo_checkpoint: Path):
+    """The tiny MiniCPM-o 4.5 on its vLLM deploy (configs/minicpmo_4_5_tiny_cpu.yaml), started
+    once and served by every module that needs it (tests/realtime_helpers.py `serving(...,
+    borrowed=True)`): each engine start costs about a minute on 2 cores."""
+    from vllm_omni.config import load_deploy_config
+    from vllm_omni.models.registry import load_engine
+
+    engine = load_engine(minicpmo_checkpoint, load_deploy_config(REPO / "configs" / "minicpmo_4_5_tiny_cpu.yaml"))
+    yield engine
+    engine.shutdown()
+
+
 @pytest.fixture(scope="module")
 def reference_engine(tiny_loaded):
     """The whole pipeline on torch in this process, one replica per stage: what replicated and

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import socket
 import threading
 import time
@@ -54,18 +56,33 @@ class Borrowed:
         pass
 
 
+@functools.cache
+def borrowed_loop() -> asyncio.AbstractEventLoop:
+    """One event loop, in a daemon thread for the whole test run, that serves every borrowed
+    engine: an engine's output tasks live on the loop that first used it (vLLM's AsyncLLM), so
+    an engine shared by several modules must stay on one loop."""
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, name="borrowed-engines", daemon=True).start()
+    return loop
+
+
 @contextmanager
 def serving(engine: OmniEngine | NativeDuplexEngine, model_name: str = MODEL_NAME, *, borrowed: bool = False,
             **settings: Any):
     """Serve an existing engine on a free port; yield (ws URL, engine, app). The server shuts
-    the engine down when it stops, unless it is `borrowed`."""
+    the engine down when it stops, unless it is `borrowed` (then it runs on `borrowed_loop`)."""
     app = create_app(Borrowed(engine) if borrowed else engine,
                      ServerSettings(served_model_names=[model_name], **settings))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            ws_max_size=16 * 1024 * 1024))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
+    if borrowed:
+        served = asyncio.run_coroutine_threadsafe(server.serve(), borrowed_loop())
+        stop = functools.partial(served.result, timeout=30)
+    else:
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        stop = functools.partial(thread.join, timeout=30)
     deadline = time.monotonic() + 30
     while not server.started:
         if time.monotonic() > deadline:
@@ -75,7 +92,7 @@ def serving(engine: OmniEngine | NativeDuplexEngine, model_name: str = MODEL_NAM
         yield f"ws://127.0.0.1:{port}", engine, app
     finally:
         server.should_exit = True
-        thread.join(timeout=30)
+        stop()
 
 
 def append_events(pcm: bytes) -> list[dict[str, Any]]:

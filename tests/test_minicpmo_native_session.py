@@ -28,14 +28,12 @@ CONTINUATION_LIMIT = 3
 
 
 @pytest.fixture(scope="module")
-def server(minicpmo_checkpoint):
-    engine = load_engine(minicpmo_checkpoint, load_deploy_config("configs/minicpmo_4_5_tiny_cpu.yaml"))
+def server(minicpmo_vllm_engine):
     settings = NativeDuplexSettings(allow_test_decisions=True, continuation_limit_units=CONTINUATION_LIMIT,
                                     continuation_period_ms=300)
-    with serving(engine, model_name=MODEL, session_mode="duplex", native_duplex=settings,
-                 max_sessions=4) as (url, engine, _):  # as the deploy: one vLLM sequence per session
+    with serving(minicpmo_vllm_engine, model_name=MODEL, session_mode="duplex", native_duplex=settings,
+                 max_sessions=4, borrowed=True) as (url, engine, _):  # as the deploy: one vLLM sequence per session
         yield url, engine
-    engine.shutdown()
 
 
 async def open_session(url: str, turn_detection: dict[str, Any] | None = None, **extra_body: Any) -> Client:
@@ -313,9 +311,10 @@ async def test_a_commit_driven_session_hears_each_turn_at_commit_and_answers_whe
     await client.send_all(append_events(silence_pcm(400), chunk_ms=200))  # idle silence: not kept
     await client.send_all(append_events(speech_pcm(3), chunk_ms=200))
     await client.send({"type": "session.heartbeat"})
-    events = [await client.next() for _ in range(3)]
+    events = [await client.next() for _ in range(4)]
     assert [(e["type"], e.get("response", {}).get("metadata", {}).get("reason")) for e in events] == [
-        ("response.listen", "silence_or_noise")] * 2 + [("session.heartbeat_ack", None)]  # the speech waits
+        ("response.listen", "silence_or_noise")] * 2 + [("input_audio_buffer.speech_started", None),
+                                                        ("session.heartbeat_ack", None)]  # the speech waits
     await client.send({"type": "input_audio_buffer.commit"})
     heard = await decisions(client, 3)  # the turn's 3 units listen, whatever the model would say
     assert [e["type"] for e in heard].count("response.listen") == 3 and "response.created" not in [

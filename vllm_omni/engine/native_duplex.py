@@ -65,15 +65,17 @@ class UnitDecision:
     text: str = ""
     audio: bytes = b""  # PCM16 at the model's output rate
     end_of_turn: bool = False  # the model ended its turn in this unit
+    token_times_s: tuple[float, ...] = ()  # when the thinker chose each of the unit's tokens (monotonic)
 
 
 class UnitSession(Protocol):
     """One conversation of a `UnitModel`; its calls never overlap."""
 
-    async def append(self, samples: np.ndarray, frames: Sequence[bytes], force_listen: bool) -> list[UnitDecision]:
-        """Take 16 kHz float32 samples; decide every unit they close. `frames` (JPEG or PNG bytes)
-        bind to the first unit that closes from now on; `force_listen` makes each unit this
-        append closes listen."""
+    async def append(self, samples: np.ndarray, frame_groups: Sequence[Sequence[bytes]],
+                     force_listen: bool) -> list[UnitDecision]:
+        """Take 16 kHz float32 samples; decide every unit they close. `frame_groups` (each an
+        append's JPEG or PNG images, in arrival order) bind one per unit to the units that close
+        from now on (docs/realtime-api.md §13.8); `force_listen` makes each unit closed here listen."""
 
     def samples_to_boundary(self) -> int:
         """Input samples still missing before the next unit closes (0 right on a boundary)."""
@@ -118,9 +120,9 @@ class NativeDuplexStream:
         self._engine, self._session = engine, session
         self.closed = False
 
-    async def append(self, samples: np.ndarray, *, frames: Sequence[bytes] = (),
+    async def append(self, samples: np.ndarray, *, frame_groups: Sequence[Sequence[bytes]] = (),
                      force_listen: bool = False) -> list[UnitDecision]:
-        return await self._engine.call(self._session.append(samples, frames, force_listen))
+        return await self._engine.call(self._session.append(samples, frame_groups, force_listen))
 
     def samples_to_boundary(self) -> int:
         return self._session.samples_to_boundary()

@@ -20,16 +20,25 @@ MAGIC = (b"\xff\xd8", b"\x89PNG")  # JPEG, PNG
 MAX_FRAMES_PER_APPEND = 2  # a base frame and an optional composite (docs/realtime-api.md §13.8)
 
 
-def frames_from_append(frames: list[str | None]) -> list[bytes]:
+def frames_from_append(frames: object, max_slice_nums: object = None) -> list[bytes]:
     """The encoded images of an append's `video_frames` (bare base64; `null` entries skipped);
-    `invalid_video_frames` naming the problem otherwise."""
-    def problem(message: str) -> ProtocolError:
-        return ProtocolError("invalid_video_frames", message, "video_frames")
+    `invalid_video_frames` naming the problem otherwise (docs/realtime-api.md §13.8)."""
+    def problem(message: str, param: str = "video_frames") -> ProtocolError:
+        return ProtocolError("invalid_video_frames", message, param)
 
+    if max_slice_nums is not None and (max_slice_nums != 1 or isinstance(max_slice_nums, bool)):
+        raise problem("max_slice_nums is not selectable on the wire: omit it or send 1 (frames are not "
+                      "HD-sliced on request)", "max_slice_nums")
+    if frames is None:
+        return []
+    if not isinstance(frames, list):
+        raise problem("video_frames must be a list of base64-encoded images")
     given = [frame for frame in frames if frame is not None]
     if len(given) > MAX_FRAMES_PER_APPEND:
         raise problem(f"video_frames carries more than {MAX_FRAMES_PER_APPEND} frames for one append "
                       f"({len(given)}): send a base frame and at most one composite")
+    if not all(isinstance(frame, str) for frame in given):
+        raise problem("video_frames must be a list of base64-encoded images")
     decoded = []
     for frame in given:
         if not frame:

@@ -33,22 +33,29 @@ from vllm_omni.engine.request import AudioChunk
 from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.images import frames_from_append
-from vllm_omni.protocol.server_event_builders import overlap_decision, response_listen, response_speak
+from vllm_omni.protocol.server_event_builders import overlap_decision, response_speak
 from vllm_omni.protocol.server_events import error_event, new_id
 from vllm_omni.protocol.session_config import SessionConfig
 from vllm_omni.protocol.session_update import SessionUpdateResult
 from vllm_omni.session.base import Emit, SessionOptions
+from vllm_omni.session.capabilities import capabilities
 from vllm_omni.session.conversation import Item
 from vllm_omni.session.duplex_session import DuplexSession
-from vllm_omni.session.input_track import MIN_TURN_SAMPLES, SealedTurn, commit_too_small
-from vllm_omni.session.native_opening import WINDOW_KEYS, native_opening, native_settings
+from vllm_omni.session.input_track import MAX_PENDING_INPUT_BYTES, MIN_TURN_SAMPLES, SealedTurn, commit_too_small
+from vllm_omni.session.native_opening import (
+    WINDOW_KEYS,
+    check_response_options,
+    check_server_owned,
+    native_opening,
+    native_settings,
+)
+from vllm_omni.session.native_response import ResponseTokenClock, no_spoken_turn, pending_user_input
+from vllm_omni.session.native_units import Piece, Unit, UnitAssembler
 from vllm_omni.session.overlap import decide_native, sounds_like_speech
 from vllm_omni.session.response import ResponseRun
 
 logger = logging.getLogger(__name__)
 
-UNIT_SAMPLES = 16000  # a silence unit (docs/realtime-api.md §13.7)
-MAX_QUEUED_APPENDS = 64  # appends waiting for the model: beyond, input_backpressure
 COMMIT_CONTINUATION_LIMIT = 8  # silence units a commit-driven response may be fed (docs/realtime-api.md §13.7)
 
 
@@ -56,8 +63,8 @@ COMMIT_CONTINUATION_LIMIT = 8  # silence units a commit-driven response may be f
 class _Append:
     samples: np.ndarray
     frames: list[bytes] = field(default_factory=list)
-    force_listen: bool = False
-    kind: Literal["input", "commit", "silence", "last_silence", "answer"] = "input"  # commit: pad to the unit's end
+    force_listen: bool = False  # every unit this append closes listens
+    kind: Literal["input", "commit", "silence", "last_silence", "answer"] = "input"  # else: pad to the unit's end
     answer: ResponseRun | None = None  # kind "answer": the response the model's next turn feeds
 
 
@@ -84,6 +91,10 @@ class NativeDuplexSession(DuplexSession):
         self._silence_units = 0  # fed into the current response
         self._model_opening: DuplexOpening | None = None
         self._uncommitted = 0  # samples since the last commit (kept as a count: the model has heard them)
+        self._speech_since_commit = False  # else a commit only records an empty turn (docs/realtime-api.md §13.7)
+        self._unit = UnitAssembler()  # the model gets each unit whole
+        self._pending_bytes = 0  # input samples not yet handed to the model (queued or in `_unit`)
+        self._clock = ResponseTokenClock()  # stage 0's metrics of the response the model speaks
 
     # Opening ----------------------------------------------------------------------------------
 
@@ -98,7 +109,7 @@ class NativeDuplexSession(DuplexSession):
         if not self._settings.auto_response:  # commit-driven: input and responses as a duplex session's
             self._handlers["input_audio_buffer.append"] = self._append_held
             self._handlers["input_audio_buffer.commit"] = self._commit_input
-            self._handlers["response.create"] = self._create_response
+            self._handlers["response.create"] = self._create_commit_driven
             self.responses.feed_answer = self._answer
 
     def opened(self) -> None:
@@ -106,17 +117,15 @@ class NativeDuplexSession(DuplexSession):
         self._feeder = asyncio.create_task(self._feed(self._model_opening), name=f"native-duplex-{self.id}")
 
     def capabilities(self) -> dict[str, Any]:
-        return {**super().capabilities(), "implementation_level": "model_native_duplex",
-                "supports_model_native_turn_policy": True, "supports_text_only_turn": False,
-                "supports_turn_commit_only": False, "optional_input_modalities": ["video"],
-                "supports_image_input": False, "adapter_patterns": ["model_native_units"],
-                "signal_sources": ["client_event", "model"]}
+        return capabilities("model_native_duplex", max_sessions=self.options.max_sessions)
 
     def _session_update(self, update: dict[str, Any]) -> SessionUpdateResult:
         if "instructions" in update:
             raise ProtocolError("instructions_update_unsupported", "instructions are part of the model's context: "
                                 "they can only be set when the session opens", "instructions")
         extra = update.get("extra_body") or {}
+        if isinstance(extra, dict):
+            check_server_owned(extra)
         window = next((key for key in WINDOW_KEYS if key in update or key in extra), None)
         if window is not None:
             raise ProtocolError("sliding_window_update_unsupported", f"{window} can only be set when the session "
@@ -126,18 +135,21 @@ class NativeDuplexSession(DuplexSession):
     # Input ------------------------------------------------------------------------------------
 
     def _append_native(self, ev: ce.InputAudioBufferAppend) -> None:
-        frames = frames_from_append(ev.video_frames) if ev.video_frames else []
+        """Any chunk size goes, up to the pending-input cap (docs/realtime-api.md §13.7): the
+        feeder hands the model whole units however the audio arrived."""
+        frames = frames_from_append(ev.video_frames, ev.max_slice_nums)
         if not ev.payload:
             if frames:
                 raise ProtocolError("invalid_input_modality", "this model needs audio with every append; frames "
                                     "ride the append that closes their unit", "audio")
             raise ProtocolError("missing_required_parameter", "Missing required parameter: 'audio'.", "audio")
         samples = self.input.decode(ev.model_copy(update={"video_frames": None}), self.config.input_format)
-        if self._appends.qsize() >= MAX_QUEUED_APPENDS:
-            raise ProtocolError("input_backpressure", f"{MAX_QUEUED_APPENDS} appends are waiting for the model; "
-                                "send audio at real-time pace")
+        if self._pending_bytes + samples.nbytes > MAX_PENDING_INPUT_BYTES:
+            raise ProtocolError("input_backpressure", f"more than {MAX_PENDING_INPUT_BYTES >> 20} MiB of input "
+                                "audio would wait for the model; send audio at real-time pace")
         if self.responses.active is not None:
-            decision = decide_native(ev, samples, policy=self.config.overlap_policy)
+            decision = decide_native(ev, samples, policy=self.config.overlap_policy,
+                                     silence_rms=self.config.overlap_silence_rms)
             self._emit(overlap_decision(session_id=self.id, epoch=self.responses.epoch,
                                         policy=self.config.overlap_policy, action=decision.action,
                                         reason=decision.reason, metadata={"duration_ms": samples.size // 16,
@@ -150,20 +162,22 @@ class NativeDuplexSession(DuplexSession):
             force_listen = force_listen or self.input.segment_item is not None  # the user speaks: the model listens
         else:
             self._uncommitted += samples.size
+            self._heard(ev, samples)
+        self._speech_since_commit = self._speech_since_commit or self.input.segment_item is not None \
+            or sounds_like_speech(ev, samples, self.config.overlap_silence_rms)
         self._cancel_silence()
-        self._appends.put_nowait(_Append(samples, frames, force_listen))
+        self._put_input(_Append(samples, frames, force_listen))
+
+    def _put_input(self, append: _Append) -> None:
+        self._pending_bytes += append.samples.nbytes
+        self._appends.put_nowait(append)
 
     def _append_held(self, ev: ce.InputAudioBufferAppend) -> None:
-        """A commit-driven session's append: held for the turn; without server VAD, silence
-        while nothing is said is not kept (`response.listen` says so)."""
+        """A commit-driven session's append: as a duplex session's (idle silence is not kept)."""
         if ev.video_frames:
             raise ProtocolError("invalid_input_modality", "frames need an auto_response session: they bind to the "
                                 "units the model hears as the audio arrives", "video_frames")
-        samples = self.input.decode(ev, self.config.input_format)
-        if self.responses.active is None and not self.input.detecting and not sounds_like_speech(ev, samples):
-            self._emit(self._listen("silence_or_noise"))
-            return
-        self._hold(ev, samples)
+        self._append(ev)
 
     def _server_commit(self, sealed: SealedTurn) -> None:
         """With auto_response server VAD ends the user's turn in the history only: the model owns
@@ -179,7 +193,7 @@ class NativeDuplexSession(DuplexSession):
         held, sealed.item.stream = sealed.item.stream, None
         super()._commit(sealed, flags)
         if not self._settings.auto_response and held is not None:
-            self._appends.put_nowait(_Append(held.close(), force_listen=True))
+            self._put_input(_Append(held.close(), force_listen=True))
             self._appends.put_nowait(_Append(np.zeros(0, np.float32), force_listen=True, kind="commit"))
 
     def _answer(self, run: ResponseRun) -> None:
@@ -190,15 +204,22 @@ class NativeDuplexSession(DuplexSession):
     def _commit_native(self, ev: ce.InputAudioBufferCommit) -> None:
         """The input so far becomes a user item (its audio is the model's: the item records how
         long it was); a residual shorter than a unit is padded with silence to the unit's end,
-        so the model decides it now."""
+        so the model decides it now. Without speech since the last commit (or with `is_speech:
+        false`) the turn is empty and nothing goes to the model (docs/realtime-api.md §13.7)."""
         if self.input.detecting:
             sealed = self.input.commit()
         else:
             if self._uncommitted < MIN_TURN_SAMPLES:
                 raise commit_too_small(self._uncommitted)
-            sealed = SealedTurn(Item(id=new_id("item_"), role="user", audio_ms=self._uncommitted // 16),
-                                self._uncommitted)
+            sealed = SealedTurn(Item(id=self.input.close_speech() or new_id("item_"), role="user",
+                                     audio_ms=self._uncommitted // 16), self._uncommitted)
             self._uncommitted = 0
+        speech, self._speech_since_commit = self._speech_since_commit and ev.is_speech is not False, False
+        if not speech:
+            sealed.item.stream, sealed.item.audio_ms, sealed.item.is_speech = None, 0, False
+            self._empty_turn(sealed, ("empty", "not_is_speech", "no_response"))
+            self._emit(self._listen("silence_or_noise"))
+            return
         self._commit(sealed)
         self._appends.put_nowait(_Append(np.zeros(0, np.float32), kind="commit"))
 
@@ -206,9 +227,15 @@ class NativeDuplexSession(DuplexSession):
         self._uncommitted = 0
         super()._clear_input(ev)
 
+    async def _create_commit_driven(self, ev: ce.ResponseCreate) -> None:
+        check_response_options(ev.response)
+        spoken, typed = pending_user_input(self.items.conversation.items)
+        if typed and not spoken and self.responses.active is None:
+            raise no_spoken_turn(typed)
+        await self._create_response(ev)
+
     async def _create_native(self, ev: ce.ResponseCreate) -> None:
-        raise ProtocolError("response_create_without_input", "this model decides itself when to speak: stream "
-                            "audio (or commit it) and it answers unit by unit")
+        raise no_spoken_turn(pending_user_input(self.items.conversation.items)[1])
 
     def _cancel_native(self, ev: ce.ResponseReference) -> None:
         before = self.responses.active
@@ -254,20 +281,26 @@ class NativeDuplexSession(DuplexSession):
                     self._speaking, self._voiced, self._silence_units = item.answer, False, 0
                     self._schedule_silence()
                 continue
-            if item.kind == "commit":  # pad the residual to the unit's end
-                missing = self._stream.samples_to_boundary()
-                if missing == UNIT_SAMPLES:
-                    continue
-                item.samples = np.zeros(missing, np.float32)
-            try:
-                decisions = await self._stream.append(item.samples, frames=item.frames,
-                                                      force_listen=item.force_listen or self._closing_turn)
-                for decision in decisions:
-                    self._decided(decision, at_limit=item.kind == "last_silence")
-            except Exception as exc:  # the session goes on: the next input gets the next units
-                logger.exception("session %s: a unit failed", self.id)
-                self._emit(error_event(ProtocolError("engine_error", f"the model failed on this input "
-                                                     f"({type(exc).__name__}: {exc})")))
+            if item.kind == "input":
+                self._unit.add(Piece(item.samples, item.frames, item.force_listen))
+            elif item.kind != "commit" or self._unit.samples:  # a commit right on a unit's end adds nothing
+                self._unit.pad(self._stream.samples_to_boundary(), item.force_listen)
+            while (unit := self._unit.take(self._stream.samples_to_boundary())) is not None:
+                self._pending_bytes -= unit.samples.nbytes
+                await self._decide_unit(unit, at_limit=item.kind == "last_silence")
+
+    async def _decide_unit(self, unit: Unit, at_limit: bool) -> None:
+        """One model call per unit, however the audio arrived (session/native_units.py)."""
+        try:
+            self._clock.submitting()
+            decisions = await self._stream.append(unit.samples, frame_groups=unit.frame_groups,
+                                                  force_listen=unit.force_listen or self._closing_turn)
+            for decision in decisions:
+                self._decided(decision, at_limit=at_limit)
+        except Exception as exc:  # the session goes on: the next input gets the next units
+            logger.exception("session %s: a unit failed", self.id)
+            self._emit(error_event(ProtocolError("engine_error", f"the model failed on this input "
+                                                 f"({type(exc).__name__}: {exc})")))
 
     def _decided(self, decision: UnitDecision, at_limit: bool) -> None:
         """One unit's decision on the wire (docs/realtime-api.md §13.7)."""
@@ -287,7 +320,7 @@ class NativeDuplexSession(DuplexSession):
             else:  # a listen that closes the turn (forced, or the continuation limit): its last audio, then the end
                 self._end_turn(run, decision)
                 self._emit(self._listen("continuation_limit" if at_limit else "forced_listen", run.id))
-                run.complete()
+                run.complete(self._clock.finish(run.id))
             return
         if run is None:
             run = self._speaking = self.responses.begin_fed()
@@ -298,7 +331,7 @@ class NativeDuplexSession(DuplexSession):
                                       item_id=run.item.id))
         if decision.end_of_turn:
             self._end_turn(run, decision)
-            run.complete()
+            run.complete(self._clock.finish(run.id))
         else:
             self._deliver(run, decision)
             self._schedule_silence()
@@ -309,15 +342,12 @@ class NativeDuplexSession(DuplexSession):
         self._deliver(run, decision)
 
     def _deliver(self, run: ResponseRun, decision: UnitDecision) -> None:
+        self._clock.unit(run.id, decision.token_times_s)
         chunk = None
         if decision.audio and run.wants_audio:
             chunk = AudioChunk(run.id, decision.audio, self.native.output_sample_rate, 0.0, 0.0)
         if chunk is not None or decision.text:
             run.deliver_unit(chunk, decision.text, end_of_turn=decision.end_of_turn)
-
-    def _listen(self, reason: str, response_id: str | None = None) -> dict[str, Any]:
-        return response_listen(session_id=self.id, epoch=self.responses.epoch, reason=reason,
-                               response_id=response_id)
 
     # Silence units (docs/realtime-api.md §13.7) -----------------------------------------------
 
@@ -342,8 +372,7 @@ class NativeDuplexSession(DuplexSession):
         if not self._settings.auto_response:
             limit = min(limit, COMMIT_CONTINUATION_LIMIT)
         last = self._silence_units >= limit
-        missing = self._stream.samples_to_boundary() if self._stream is not None else UNIT_SAMPLES
-        self._appends.put_nowait(_Append(np.zeros(missing, np.float32), force_listen=last,
+        self._appends.put_nowait(_Append(np.zeros(0, np.float32), force_listen=last,
                                          kind="last_silence" if last else "silence"))
 
     # End --------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from typing import Any, get_args
 
 from vllm_omni.audio.voice_prompt import decode_voice_prompt
 from vllm_omni.engine.native_duplex import DEFAULT_WINDOW, ContextWindow, DuplexOpening, ScriptedDecision, WindowMode
+from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.session.base import SessionOptions
 
@@ -15,6 +16,16 @@ TEST_DECISIONS = get_args(ScriptedDecision)
 WINDOW_SIZES = {"basic_window_high_tokens": "high_tokens", "basic_window_low_tokens": "low_tokens",
                 "context_max_units": "max_units", "context_previous_max_tokens": "previous_max_tokens"}
 WINDOW_KEYS = ("sliding_window_mode", *WINDOW_SIZES)
+# What the deploy sets, never a client (docs/realtime-api.md §13.7); `initial_user_text` is the
+# session field's name (or `extra_body.duplex_initial_user_text`), reserved here.
+SERVER_OWNED_KEYS = ("duplex_stage_sampling_params", "duplex_stage_max_tokens", "duplex_stage0_max_tokens",
+                     "duplex_scheduler_token_id", "duplex_vision_tile_pixels", "duplex_first_append_context_tokens",
+                     "ref_audio_data", "ref_audio_format", "ref_audio_sample_rate_hz", "initial_user_text",
+                     "duplex_window_config", "duplex_window_prefix_tokens", "duplex_window_suffix_token_ids",
+                     "duplex_window_previous_marker_token_ids", "duplex_window_special_token_ids")
+# response.create fields a native session cannot apply to one answer (docs/realtime-api.md §13.7)
+GENERATION_OVERRIDES = ("instructions", "voice", "temperature", "max_output_tokens", "max_response_output_tokens",
+                        "max_tokens", "tools", "tool_choice")
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,7 @@ def native_settings(opening: dict[str, Any], options: SessionOptions) -> NativeS
     extra = opening.get("extra_body") or {}
     if not isinstance(extra, dict):
         raise ProtocolError("invalid_session_config", "extra_body must be an object", "extra_body")
+    check_server_owned(extra)
     auto_response = extra.get("auto_response", False)
     if not isinstance(auto_response, bool):
         raise ProtocolError("invalid_session_config", "auto_response must be true or false",
@@ -49,6 +61,25 @@ def native_settings(opening: dict[str, Any], options: SessionOptions) -> NativeS
             raise ProtocolError("invalid_session_config", f"duplex_test_decisions must be a list of "
                                 f"{', '.join(TEST_DECISIONS)}", "extra_body.duplex_test_decisions")
     return NativeSettings(auto_response, count, tuple(script or ()), context_window(extra))
+
+
+def check_server_owned(extra: dict[str, Any]) -> None:
+    """`invalid_duplex_runtime_config` naming the server-owned keys `extra` sets, if any."""
+    owned = [key for key in SERVER_OWNED_KEYS if key in extra]
+    if owned:
+        raise ProtocolError("invalid_duplex_runtime_config", f"duplex runtime configuration is server-owned: "
+                            f"{', '.join(owned)}", f"extra_body.{owned[0]}")
+
+
+def check_response_options(response: ce.ResponseSettings) -> None:
+    """`unsupported_native_response_options` naming the overrides a response.create sets: the
+    model answers in the context and voice its session opened with."""
+    output = response.audio.output if response.audio is not None else None
+    refused = [name for name in GENERATION_OVERRIDES if getattr(response, name) is not None]
+    refused += ["audio.output.voice"] if output is not None and output.voice is not None else []
+    if refused:
+        raise ProtocolError("unsupported_native_response_options", f"this model does not support generation "
+                            f"overrides on response.create: {', '.join(refused)}", f"response.{refused[0]}")
 
 
 def context_window(extra: dict[str, Any]) -> ContextWindow:

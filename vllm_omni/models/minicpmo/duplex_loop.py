@@ -21,6 +21,7 @@ same code.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -75,6 +76,7 @@ class UnitResult:
     codes: list[int]  # the talker's codes (empty for a listen unit)
     listened: bool
     ended_turn: bool  # `<|turn_eos|>` came in this unit
+    token_times_s: list[float] = field(default_factory=list)  # monotonic, when each token was chosen
 
     @property
     def spoke(self) -> bool:
@@ -171,10 +173,11 @@ class DuplexLoop:
         step = yield from self._feed(session, Feed(runs))
         decoder = session.decoder
         decoder.begin_unit(forced_listen, script)
-        tokens, hidden, text_tokens, ended_turn = [], [], [], False
+        tokens, times, hidden, text_tokens, ended_turn = [], [], [], [], False
         while True:
             choice = decoder.choose(step.logits)
             tokens.append(choice.token)
+            times.append(time.monotonic())
             if choice.ends_unit:
                 yield from self._feed(session, Feed([[choice.token, self.ids.unit_end]], wants_step=False))
                 break
@@ -191,7 +194,7 @@ class DuplexLoop:
             session.talker_turn = TalkerTurn()
         said = [token for token in text_tokens if token != self.ids.turn_eos]
         session.window.keep(KeptUnit(session.unit_runs, said))
-        return UnitResult(tokens, self._text(text_tokens), codes, listened, ended_turn)
+        return UnitResult(tokens, self._text(text_tokens), codes, listened, ended_turn, times)
 
     def _slide(self, session: SessionState) -> Steps[None]:
         """Past the session's window: the oldest units go, the rest is the new context."""

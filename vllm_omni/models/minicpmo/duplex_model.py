@@ -146,23 +146,26 @@ class MiniCPMOUnitSession:
         ids = model.thinker.ids
         self.markers = {ids.speak, ids.turn_eos, ids.tts_bos, *ids.terminators}  # tokens that say nothing
 
-    async def append(self, samples: np.ndarray, frames: Sequence[bytes], force_listen: bool) -> list[UnitDecision]:
-        """Unit by unit (the samples are cut at unit ends), so each unit gets its own forcing."""
-        decisions, group = [], list(frames) or None
+    async def append(self, samples: np.ndarray, frame_groups: Sequence[Sequence[bytes]],
+                     force_listen: bool) -> list[UnitDecision]:
+        """Unit by unit (the samples are cut at unit ends), so each unit gets its own forcing; the
+        groups queue in order for the units that close from now on (models/minicpmo/vision.py)."""
+        decisions = []
+        self.session.frame_groups.extend(list(group) for group in frame_groups if group)
         while samples.size:
             piece, samples = samples[:self.samples_to_boundary()], samples[self.samples_to_boundary():]
             unit = self.session.units
             forced = force_listen or self.units_in_turn < self.force_listen_count
             script = self.test_decisions[unit] if unit < len(self.test_decisions) else None
-            results = await self.model.thinker_call("append_audio", self.session, piece, frames=group,
-                                                    forced_listen=forced, script=script)
-            group = None  # queued by the thinker for the first unit that closes
+            results = await self.model.thinker_call("append_audio", self.session, piece, forced_listen=forced,
+                                                    script=script)
             for result in results:
                 self.units_in_turn = 0 if result.ended_turn else self.units_in_turn + 1
                 said = any(token not in self.markers for token in result.tokens)
                 audio = await self.model.vocode(self._speech, result.codes, result.ended_turn)
                 decisions.append(UnitDecision(spoke=said, text=result.text, audio=audio,
-                                              end_of_turn=result.ended_turn))
+                                              end_of_turn=result.ended_turn,
+                                              token_times_s=tuple(result.token_times_s)))
         return decisions
 
     def samples_to_boundary(self) -> int:
