@@ -12,6 +12,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/check_structure.py
+	$(BIN)/python scripts/check_conformance.py
 
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
