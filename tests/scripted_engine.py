@@ -82,6 +82,12 @@ Step = Text | Audio | Call | Wait | Stall | Raise | Finish
 ANSWER = (Text("Hello"), Audio(100), Text(" there."), Audio(100))  # a short spoken answer
 
 
+def _last_audio(steps: tuple[Step, ...], index: int) -> bool:
+    """Whether the audio of step `index` is the answer's last, as a real engine marks it: no audio
+    follows, and the script goes on to its end without stalling."""
+    return not any(isinstance(step, (Audio, Stall, Raise)) for step in steps[index + 1:])
+
+
 @dataclass
 class ScriptedEngine:
     """Plays `queued` scripts in order, then `default` for every further request."""
@@ -111,7 +117,7 @@ class ScriptedEngine:
         rid = request.request_id
         aborted = self._aborts.setdefault(rid, asyncio.Event())
         text, samples, stage_outputs = "", 0, 0
-        for step in steps:
+        for index, step in enumerate(steps):
             if isinstance(step, Raise):
                 raise step.error
             if isinstance(step, Finish):
@@ -132,7 +138,8 @@ class ScriptedEngine:
                 start = samples
                 samples += step.ms * self.output_sample_rate // 1000
                 yield AudioChunk(rid, tone(samples - start, self.output_sample_rate), self.output_sample_rate,
-                                 start / self.output_sample_rate, samples / self.output_sample_rate)
+                                 start / self.output_sample_rate, samples / self.output_sample_rate,
+                                 final=_last_audio(steps, index))
             if aborted.is_set():
                 yield RequestFinished(rid, FinishReason.ABORT, text=text)
                 return

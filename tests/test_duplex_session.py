@@ -29,9 +29,13 @@ OPTIONS = SessionOptions(served_models=["tiny"], session_mode=SessionMode.DUPLEX
 
 
 def opened(opening: dict[str, Any] | None = None) -> tuple[DuplexSession, Events]:
-    events = Events()
-    session = open_duplex_session(ScriptedEngine(), OPTIONS, opening or {}, "tiny", events.append)
+    session, _, events = opened_on_engine(opening)
     return session, events
+
+
+def opened_on_engine(opening: dict[str, Any] | None = None) -> tuple[DuplexSession, ScriptedEngine, Events]:
+    events, engine = Events(), ScriptedEngine()
+    return open_duplex_session(engine, OPTIONS, opening or {}, "tiny", events.append), engine, events
 
 
 def refused(opening: dict[str, Any]) -> ProtocolError:
@@ -207,6 +211,26 @@ async def answering(**opening) -> tuple[DuplexSession, ScriptedEngine, Events]:
     return session, engine, events
 
 
+async def test_idle_silence_is_left_out_of_the_turn_but_not_off_the_clock() -> None:
+    """docs/realtime-api.md §13.6: without server VAD, silence while idle is not kept (one
+    `response.listen` each); the turn holds the speech only and is answered, and the speech
+    events keep the client's clock, silence included."""
+    session, engine, events = opened_on_engine()
+    silence = {"type": "input_audio_buffer.append", "audio": pcm16_b64(0.3)}
+    for append in (silence, speech(0.5), silence, speech(0.2), silence):
+        await session.handle(append)
+    assert [e["response"]["metadata"]["reason"] for e in events.of("response.listen")] == ["silence_or_noise"] * 3
+    await session.handle({"type": "input_audio_buffer.commit", "create_response": True})
+    committed = events.last("input_audio_buffer.committed")
+    assert session.items.get(committed["item_id"]).audio_ms == 700 and "empty" not in committed["event"]
+    assert (events.last("input_audio_buffer.speech_started")["audio_start_ms"],
+            events.last("input_audio_buffer.speech_stopped")["audio_end_ms"]) == (300, 1600)
+    await events.wait("response.done")
+    await session.handle(speech(0.2))
+    assert events.last("input_audio_buffer.speech_started")["audio_start_ms"] == 1600
+    assert not events.errors() and len(engine.requests) == 1
+
+
 async def test_a_second_response_waits_for_the_first() -> None:
     session, engine, events = await answering()
     await session.handle({"type": "response.create", "event_id": "again"})
@@ -309,7 +333,8 @@ async def test_any_other_first_event_opens_a_default_session_then_is_handled() -
     assert opened_by == Handshake(opening={"model": None}, first=append)
     session, events = opened(opened_by.opening)
     await session.handle(opened_by.first)
-    assert session.input.timeline == 3200 and events.kinds() == ["session.created", "session.updated"]
+    assert session.input.timeline == 3200  # and, as it sounds like speech, without VAD: speech_started
+    assert events.kinds() == ["session.created", "session.updated", "input_audio_buffer.speech_started"]
 
 
 async def test_a_resume_names_the_session_its_token_and_the_last_event_seen() -> None:

@@ -134,11 +134,12 @@ async def test_the_input_format_echo_is_ga_or_absent(session_update: dict, echo:
 
 
 async def test_a_session_without_its_own_rate_hears_24_khz() -> None:
-    session, _, _ = turn_session(input_format=AudioFormat("pcm16", 24000))
+    session, _, events = turn_session(input_format=AudioFormat("pcm16", 24000))
     await session.handle({"type": "input_audio_buffer.append", "audio": pcm16_b64(0.3, 0.1, rate=24000)})
+    assert session.input.timeline == 4800
     await session.handle({"type": "input_audio_buffer.append", "audio": pcm16_b64(0.3, 0.1),
-                          "sample_rate_hz": 16000})  # an extension: a rate of its own
-    assert session.input.timeline == 2 * 4800
+                          "sample_rate_hz": 16000})  # a rate of its own: not within one session
+    assert events.last("error")["error"]["code"] == "bad_event" and session.input.timeline == 4800
 
 
 async def test_the_factory_greets_in_pure_ga_and_leaves_the_legacy_lane_its_vocabulary() -> None:

@@ -73,6 +73,7 @@ async def test_a_commit_without_speech_since_the_last_records_an_empty_turn_only
                                            "response.listen"]
     committed = events[2]["event"]
     assert committed["empty"] is True and committed["no_response"] is True and committed["is_speech"] is False
+    assert events[3]["item"]["content"] == [{"type": "input_audio", "transcript": "", "is_speech": False}]
     assert events[-1]["response"]["metadata"]["reason"] == "silence_or_noise" and "response_id" not in events[-1]
     await nothing_more(client)  # the residual was not padded into a unit
     await client.close_session()

@@ -252,9 +252,16 @@ def test_openai_sdk_completes_a_turn(server) -> None:
     async def scenario():
         client = AsyncOpenAI(base_url=http_url, api_key="unused")
         async with client.realtime.connect(model=MODEL_NAME) as connection:
+            created = await connection.recv()
             await connection.session.update(session={
                 "type": "realtime", "output_modalities": ["audio"],
                 "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}}})
+            updated = await connection.recv()
+            # what OpenAI's server sends beyond the SDK's session model, and clients key on (§2.6)
+            assert (created.type, updated.type) == ("session.created", "session.updated")
+            extras = [(event.session.model_extra["object"], event.session.model_extra["id"])
+                      for event in (created, updated)]
+            assert extras[0] == extras[1] and extras[0][0] == "realtime.session" and extras[0][1].startswith("sess_")
             pcm = fixture_pcm("speech_en_single.wav")
             for i in range(0, len(pcm), 6400):
                 await connection.input_audio_buffer.append(audio=base64.b64encode(pcm[i:i + 6400]).decode())

@@ -114,10 +114,13 @@ async def test_server_vad_unavailable_is_reported_and_manual_turns_still_work() 
 
 async def test_append_formats_rates_and_bad_audio() -> None:
     session, _, events = turn_session()
-    await session.handle(append(0.5))
-    assert session.input.timeline == 8000
     await session.handle({"type": "input_audio_buffer.append", "delta": pcm16_b64(0.5, 0.1, rate=24000),
                           "sample_rate_hz": 24000})  # `delta` spelling, resampled to 16 kHz
+    assert session.input.timeline == 8000
+    await session.handle({"type": "input_audio_buffer.append", "event_id": "r", "audio": pcm16_b64(0.5)})
+    assert events.last("error")["error"]["code"] == "bad_event"  # 16 kHz now: the rate is the session's
+    await session.handle({"type": "input_audio_buffer.append", "audio": pcm16_b64(0.5, rate=24000),
+                          "sample_rate_hz": 24000})
     assert session.input.timeline == 16000
     bad = [({"audio": "***"}, "bad_audio", "audio"), ({}, "missing_required_parameter", "audio"),
            ({"audio": pcm16_b64(0.1), "sample_rate_hz": 4000}, "bad_event", "sample_rate_hz"),

@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from tests.conftest import DATA, read_fixture_pcm
-from vllm_omni.audio.formats import AudioDataError, AudioFormat, InputConverter, decode_base64, encode_output
+from vllm_omni.audio.formats import (
+    AudioDataError,
+    AudioFormat,
+    AudioFormatError,
+    InputConverter,
+    decode_base64,
+    encode_output,
+)
 from vllm_omni.audio.resample import StreamingResampler
 from vllm_omni.audio.silero_vad import (
     SILERO_SHA256,
@@ -104,7 +111,9 @@ def test_input_conversion_resamples_24k_like_the_whole_stream() -> None:
     joined = np.concatenate(pieces)
     assert np.allclose(joined, whole[: len(joined)], atol=1e-6)
     with pytest.raises(AudioDataError, match="odd"):
-        converter.convert(b"\x01\x02\x03", AudioFormat("pcm16", 16000))
+        converter.convert(b"\x01\x02\x03", AudioFormat("pcm16", 24000))
+    with pytest.raises(AudioFormatError, match="rate changed from 24000 to 16000"):  # its filter state is 24 kHz
+        converter.convert(pcm24[:2400].tobytes(), AudioFormat("pcm16", 16000))
 
 
 def test_g711_output_round_trips_through_input() -> None:

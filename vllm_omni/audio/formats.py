@@ -129,16 +129,17 @@ class InputConverter:
     """Per-session conversion of appended audio to 16 kHz float32, resampling with state."""
 
     def __init__(self) -> None:
+        self._rate: int | None = None  # the session's input rate, fixed by its first audio
         self._resampler: StreamingResampler | None = None
 
     def convert(self, data: bytes, fmt: AudioFormat) -> np.ndarray:
         samples = bytes_to_float(data, fmt)
+        if self._rate is not None and fmt.rate != self._rate:  # the resampler's state would not carry over
+            raise AudioFormatError(f"input rate changed from {self._rate} to {fmt.rate} within the session")
+        self._rate = fmt.rate
         if fmt.rate == MODEL_RATE:
             return samples
-        if self._resampler is None or self._resampler.source_rate != fmt.rate:
-            if self._resampler is not None:
-                raise AudioFormatError(f"input rate changed from {self._resampler.source_rate} to {fmt.rate} "
-                                       "within the session")
+        if self._resampler is None:
             self._resampler = StreamingResampler(fmt.rate, MODEL_RATE)
         return self._resampler.process(samples)
 

@@ -323,7 +323,7 @@ class OmniEngine:
             record.first_audio_s = since_arrival
         pcm = float_to_pcm16(np.asarray(event.samples)).astype("<i2").tobytes()
         self._push(record, AudioChunk(record.request.request_id, pcm, event.sample_rate, start_s,
-                                      record.audio_samples / event.sample_rate))
+                                      record.audio_samples / event.sample_rate, final=event.final))
 
     def _on_error(self, role: str, request_id: str, exc: Exception) -> None:
         with self._lock:

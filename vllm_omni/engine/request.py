@@ -148,6 +148,9 @@ class AudioChunk:
     sample_rate: int
     start_s: float  # position of the chunk's first sample in the response audio
     end_s: float  # cumulative duration of the response audio after this chunk
+    # The response's last chunk, where the stage that made it knew (docs/realtime-api.md §5.4,
+    # `end_of_turn`); a last chunk whose frames decode to no sample leaves it on none.
+    final: bool = False
 
 
 @dataclass(frozen=True)

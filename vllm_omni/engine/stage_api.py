@@ -37,6 +37,7 @@ class TextToken(StageOutput):
 class AudioSamples(StageOutput):
     samples: np.ndarray  # float32 in [-1, 1]
     sample_rate: int
+    final: bool = False  # the request's last audio: decoded from the last frames its audio stage had
 
 
 @dataclass(frozen=True)

@@ -150,8 +150,8 @@ class InputAudioBufferAppend(ClientEvent):
     speech_probability: Probability | None = None
     vad: VadHint | None = None
     overlap_silence_rms: Annotated[float, Field(ge=0)] | None = None
-    video_frames: list[str | None] | None = None
-    max_slice_nums: Literal[1] | None = None
+    video_frames: Any = None  # checked by images.frames_from_append (invalid_video_frames)
+    max_slice_nums: Any = None  # likewise
     overlap_action: str | None = None
     overlap: str | None = None
     force_barge_in: bool | None = None
@@ -288,6 +288,13 @@ class InputTextAppend(ClientEvent):
     text: str | None = None
 
 
+class TurnSignal(ClientEvent):
+    """A client's turn-taking signal (duplex lane): a command's name and body, or a state change."""
+
+    event: Annotated[str, Field(max_length=MAX_ID_CHARS)] | None = None
+    payload: dict[str, Any] | None = None
+
+
 EVENT_MODELS: dict[str, type[ClientEvent]] = {
     "session.update": SessionUpdate,
     "input_audio_buffer.append": InputAudioBufferAppend,
@@ -305,6 +312,7 @@ EVENT_MODELS: dict[str, type[ClientEvent]] = {
     "session.heartbeat": ClientEvent,
     "input.cancel": ClientEvent,
     "input.text.append": InputTextAppend,
+    "turn.signal": TurnSignal,
 }
 
 # Other spellings clients send, and the event type each stands for (the one list of them).
@@ -317,6 +325,7 @@ ALIASES: dict[str, str] = {
     "barge_in": "input.cancel",
     "input_text.append": "input.text.append",
     "push_text": "input.text.append",
+    "signal_turn": "turn.signal",
 }
 
 

@@ -17,8 +17,11 @@ def error_class(code: str) -> str:
 
 class ProtocolError(Exception):
     """A client event that cannot be applied; becomes one `error` event, the session goes on
-    (unless `fatal`)."""
+    (unless `fatal`). `event_id`: the client's id of the event, when the error is raised where
+    the event was not parsed yet (its error echoes it, docs/realtime-api.md §4.0)."""
 
-    def __init__(self, code: str, message: str, param: str | None = None, fatal: bool = False):
+    def __init__(self, code: str, message: str, param: str | None = None, fatal: bool = False,
+                 event_id: str | None = None):
         super().__init__(message)
         self.code, self.message, self.param, self.fatal = code, message, param, fatal
+        self.event_id = event_id

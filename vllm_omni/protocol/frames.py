@@ -15,6 +15,7 @@ import math
 import re
 from typing import Any
 
+from vllm_omni.protocol.client_events import client_event_id
 from vllm_omni.protocol.errors import ProtocolError
 
 MAX_EVENT_BYTES = 15 * 1024 * 1024  # the application event limit (the GA API caps one append alike)
@@ -75,5 +76,6 @@ def decode_client_frame(text: str) -> dict[str, Any]:
         raise ProtocolError("bad_event", f"event nests deeper than {MAX_NESTING} levels") from None
     _check_structure(raw, check_strings=_SURROGATE_ESCAPE.search(text) is not None)
     if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
-        raise ProtocolError("bad_event", "event must be an object with a string 'type'", "type")
+        raise ProtocolError("bad_event", "event must be an object with a string 'type'", "type",
+                            event_id=client_event_id(raw) if isinstance(raw, dict) else None)
     return raw

@@ -3,7 +3,9 @@
 A session builds every server event in its extended shape. A connection that did not ask for
 the extensions (`?extensions=vllm_omni`) receives `ga_view(event)` instead: extension events are
 dropped, extension fields removed, and values GA spells differently mapped to GA's spelling,
-so that every event validates against the OpenAI Realtime GA schema.
+so that every event validates against the OpenAI Realtime GA schema. The SDK's models are the
+floor, not the whole wire: what OpenAI's own server sends beyond them (the session object's
+`object` and `id`) is sent too.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ EXTENSION_FIELDS = {
 }
 ITEM_EVENTS = frozenset({kinds.ITEM_ADDED, kinds.ITEM_CREATED, kinds.ITEM_DONE, kinds.ITEM_RETRIEVED,
                          kinds.OUTPUT_ITEM_ADDED, kinds.OUTPUT_ITEM_DONE})
-SESSION_KEYS = ("type", "model", "instructions", "output_modalities", "audio", "max_output_tokens", "tools",
-                "tool_choice", "tracing", "include", "prompt")
+# GA's session keys, with the `object` and `id` OpenAI's server sends beyond the SDK's model (§2.6)
+SESSION_KEYS = ("object", "id", "type", "model", "instructions", "output_modalities", "audio", "max_output_tokens",
+                "tools", "tool_choice", "tracing", "include", "prompt")
 AUDIO_KEYS = (("input", ("turn_detection", "transcription", "noise_reduction")), ("output", ("voice", "speed")))
 SERVER_VAD_KEYS = ("type", "threshold", "prefix_padding_ms", "silence_duration_ms", "create_response",
                    "interrupt_response", "idle_timeout_ms")
@@ -77,7 +80,7 @@ def _ms(value: Any) -> Any:
 
 
 def ga_session(session: dict[str, Any]) -> dict[str, Any]:
-    """The GA keys of a session object (docs/realtime-api.md §2.6)."""
+    """The GA keys of a session object, as OpenAI's server sends them (docs/realtime-api.md §2.6)."""
     view = {key: session[key] for key in SESSION_KEYS if key in session}
     view["output_modalities"] = ga_modalities(session["output_modalities"])
     view["audio"] = {direction: _ga_audio(session["audio"][direction], keys) for direction, keys in AUDIO_KEYS}

@@ -74,7 +74,7 @@ class CommitRecord:
     epoch: int
     history_len: int  # conversation items after the commit
     deferred: bool = False  # a response was still active: the turn's response waits for it
-    flags: tuple[str, ...] = ()  # e.g. ("empty", "overlap_ack", "no_response") for a back-channel
+    flags: tuple[str, ...] = ()  # e.g. ("empty", "overlap_ack", "no_response") for a back-channel; "not_x": x false
 
 
 def audio_buffer_committed(*, previous_item_id: str | None, item_id: str,
@@ -87,7 +87,7 @@ def audio_buffer_committed(*, previous_item_id: str | None, item_id: str,
                   "realtime_item_id": item_id}
     if record.deferred:
         body.update(overlap_deferred=True, response_create_deferred=True)
-    body.update(dict.fromkeys(record.flags, True))
+    body.update({flag.removeprefix("not_"): not flag.startswith("not_") for flag in record.flags})
     return event(kinds.AUDIO_BUFFER_COMMITTED, previous_item_id=previous_item_id, item_id=item_id, event=body)
 
 
@@ -161,6 +161,11 @@ def response_listen(*, session_id: str, epoch: int, reason: str, response_id: st
     response = {"object": "realtime.response", "status": "listening", "metadata": metadata}
     fields = {} if response_id is None else {"response_id": response_id}
     return event(kinds.RESPONSE_LISTEN, session_id=session_id, epoch=epoch, **fields, response=response)
+
+
+def turn_event(*, session_id: str, event_name: str, turn_state: str, epoch: int) -> Wire:
+    """The reply to a duplex client's state-changing turn.signal (docs/realtime-api.md §13.9)."""
+    return event(kinds.TURN_EVENT, session_id=session_id, event=event_name, turn_state=turn_state, epoch=epoch)
 
 
 def response_speak(*, session_id: str, epoch: int, response_id: str, item_id: str) -> Wire:

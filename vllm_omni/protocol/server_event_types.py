@@ -23,6 +23,7 @@ AUDIO_BUFFER_CLEARED = "input_audio_buffer.cleared"
 OVERLAP_DECISION = "overlap.decision"
 RESPONSE_LISTEN = "response.listen"  # a natively duplex model listened for a unit
 RESPONSE_SPEAK = "response.speak"  # it started speaking: before its response's first delta
+TURN_EVENT = "turn.event"  # a duplex client's turn.signal, applied to the turn state
 
 # Conversation items
 ITEM_ADDED = "conversation.item.added"

@@ -25,6 +25,7 @@ def event(kind: str, **fields: Any) -> dict[str, Any]:
 
 def error_event(exc: ProtocolError, client_event_id: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"type": error_class(exc.code), "code": exc.code, "message": exc.message}
+    client_event_id = client_event_id if client_event_id is not None else exc.event_id
     if client_event_id is not None:
         body["event_id"] = client_event_id
     if exc.param is not None:

@@ -82,6 +82,12 @@ class SessionConfig(BaseModel):
     truncation: Any = None
     idle_timeout_s: float = 300.0
     playback_commit_policy: Literal["commit_all_on_done", "ack_only"] = "commit_all_on_done"
+    # overlap rules (docs/realtime-api.md §13.6): speech over an answer up to this long is a
+    # back-channel; below this RMS an append without hints is not speech; the barge-in
+    # threshold is accepted and echoed for compatibility, no rule uses it
+    overlap_short_ack_ms: int | float = 700
+    overlap_barge_in_ms: int | float = 1200
+    overlap_silence_rms: int | float = 0.003
     extra_body: dict[str, Any] = Field(default_factory=dict)
 
     @property
@@ -205,6 +211,7 @@ def session_object(config: SessionConfig, state: dict[str, Any]) -> dict[str, An
         "max_tokens": config.max_output_tokens, "speed": config.speed,
         "response_format": "wav" if config.output_format.name == "wav" else "pcm",
         "idle_timeout_s": config.idle_timeout_s, "overlap_policy": config.overlap_policy,
-        "overlap_short_ack_ms": 700, "overlap_barge_in_ms": 1200, "overlap_silence_rms": 0.003,
+        "overlap_short_ack_ms": config.overlap_short_ack_ms, "overlap_barge_in_ms": config.overlap_barge_in_ms,
+        "overlap_silence_rms": config.overlap_silence_rms,
         "playback_commit_policy": config.playback_commit_policy, **state,
     }

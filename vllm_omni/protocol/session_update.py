@@ -9,6 +9,7 @@ overlap policy and `extra_body.auto_response`. Only an update for another kind o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,7 @@ TRANSCRIPTION: tuple[Path, ...] = (("audio", "input", "transcription"), ("input_
 NOISE_REDUCTION: tuple[Path, ...] = (("audio", "input", "noise_reduction"), ("input_audio_noise_reduction",))
 PLAYBACK_POLICY: tuple[Path, ...] = (("extra_body", "playback_commit_policy"), ("playback_commit_policy",))
 PLAYBACK_POLICIES = ("commit_all_on_done", "ack_only")
+OVERLAP_SETTINGS = ("overlap_short_ack_ms", "overlap_barge_in_ms", "overlap_silence_rms")  # numbers >= 0 (§13.6)
 STORED = ("include", "prompt", "tracing", "truncation")  # kept as sent, for the echo (§2.3)
 
 Check = Callable[[Any], object]
@@ -199,6 +201,17 @@ def _playback_policy(value: Any) -> str:
     return value
 
 
+def _overlap_setting(field: str) -> tuple[str, tuple[Path, ...], Parser]:
+    """The group of one overlap threshold: `extra_body`'s value wins over the session key's (§2.1)."""
+    paths: tuple[Path, ...] = (("extra_body", field), (field,))
+
+    def parse(value: Any) -> int | float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ProtocolError("bad_event", f"{field} must be a number >= 0", field)
+        return value
+    return field, paths, _setting(field, paths, parse)
+
+
 def _setting(field: str, paths: tuple[Path, ...], parse: Callable[[Any], Any] = lambda v: v) -> Parser:
     """The parser of a group of one setting: `field` set from the first of `paths` sent."""
     def parser(u: _Update) -> dict[str, Any] | None:
@@ -243,6 +256,7 @@ GROUPS: list[tuple[str, tuple[Path, ...], Parser]] = [
     ("stored", tuple((key,) for key in STORED), _stored),
     ("idle_timeout_s", (("idle_timeout_s",),), _idle_timeout),
     ("playback_commit_policy", PLAYBACK_POLICY, _setting("playback_commit_policy", PLAYBACK_POLICY, _playback_policy)),
+    *(_overlap_setting(field) for field in OVERLAP_SETTINGS),
     (CHECKED_ONLY, (), lambda u: None),
 ]
 

@@ -197,15 +197,19 @@ class RealtimeConnection:
     async def _end(self, reason: str) -> None:
         """Terminal: the session's work is cancelled and its slot freed before `session.closed`
         goes out ([EXT]: GA lane with extensions; otherwise the socket just closes, with the
-        reason), so a client may open its next session at once. The socket is closed by
-        `_teardown`."""
+        reason), so a client may open its next session at once. On the duplex lane it goes
+        through the session's journal, numbered like every event before it (docs/realtime-api.md
+        §13.4). The socket is closed by `_teardown`."""
         if self.duplex is not None:
             await self.duplex.end(reason)
         await self._stop_work()
         self._release_slot()
         self._close_reason = reason
-        if self.extensions and self.session.lane is not Lane.LEGACY:
-            self.outbox.put(session_closed(session_id=self.session.id, reason=reason))
+        closed = session_closed(session_id=self.session.id, reason=reason)
+        if self.duplex is not None:
+            self.duplex.entry.emit(closed)
+        elif self.extensions and self.session.lane is not Lane.LEGACY:
+            self.outbox.put(closed)
 
     async def _next_message(self, timeout: float) -> dict[str, Any] | None:
         """The next ASGI message, or None when the writer has ended (the peer is gone or stuck).

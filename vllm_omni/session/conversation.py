@@ -28,6 +28,7 @@ class Item:
     stream: AudioInputStream | None = None  # user speech as features, computed while it arrived
     audio_ms: int = 0  # how much user speech the item was given
     transcript: str = ""  # user audio transcript (client hints; no ASR runs)
+    is_speech: bool = True  # False: the empty turn of a silent commit (docs/realtime-api.md §13.6)
     images: list[ItemImage] = field(default_factory=list)  # a user message's pictures, in order
     audio_duration_ms: int = 0  # assistant audio generated
     text_cap_chars: int | None = None  # hard cap from truncation / barge-in
@@ -63,6 +64,8 @@ class Item:
             content += [{"type": "input_image", "image_url": image.url} for image in self.images]
             if self.audio_ms:
                 content.append({"type": "input_audio", "transcript": self.transcript})
+            elif not self.is_speech:
+                content.append({"type": "input_audio", "transcript": "", "is_speech": False})
             if self.text:
                 content.append({"type": "input_text", "text": self.text})
         return {"id": self.id, "object": "realtime.item", "type": "message", "role": self.role,

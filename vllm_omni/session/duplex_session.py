@@ -20,7 +20,7 @@ from vllm_omni.engine.interface import EngineClient
 from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.duplex_view import duplex_view
 from vllm_omni.protocol.errors import ProtocolError
-from vllm_omni.protocol.server_event_builders import overlap_decision, session_updated
+from vllm_omni.protocol.server_event_builders import overlap_decision, response_listen, session_updated, turn_event
 from vllm_omni.protocol.server_event_types import SESSION_CREATED
 from vllm_omni.protocol.server_events import event, new_id
 from vllm_omni.protocol.session_config import SessionConfig
@@ -29,7 +29,7 @@ from vllm_omni.protocol.states import Lane
 from vllm_omni.session.base import Emit, SessionOptions
 from vllm_omni.session.conversation import Item
 from vllm_omni.session.input_track import SealedTurn
-from vllm_omni.session.overlap import SHORT_ACK_MS, decide
+from vllm_omni.session.overlap import decide, sounds_like_speech
 from vllm_omni.session.turn_session import TurnSession
 
 DUPLEX_INPUT = AudioFormat("pcm16", 16000)  # the duplex lane's default input (§13.2)
@@ -37,32 +37,51 @@ REF_AUDIO_PATHS = ("ref_audio_path", "tts_ref_audio_path")
 OPEN_TIME_ONLY = ("idle_timeout_s",)  # read when the session opens; later values are ignored
 MAX_PENDING_TURNS = 4  # committed user turns waiting for an answer (§13.2, max_pending_turns_per_session)
 KEPT_CODES = ("model_not_found",)  # opening failures reported under their own code
+# turn.signal events run as these client events (docs/realtime-api.md §13.9) ...
+SIGNAL_COMMANDS = frozenset({"input.cancel", "barge_in", "response.cancel", "output_audio_buffer.clear",
+                             "session.update", "conversation.item.create", "conversation.item.delete",
+                             "conversation.item.truncate", "conversation.item.retrieve"})
+# ... and these set the turn state; any other is answered without changing it
+SIGNAL_STATES = {"user_started": "user_speaking", "user_speaking": "user_speaking",
+                 "user_committed": "user_committed", "assistant_started": "assistant_generating",
+                 "assistant_done": "assistant_playing", "playback_ack": "idle", "timeout": "idle", "close": "idle"}
 
 
 class DuplexSession(TurnSession):
     lane = Lane.DUPLEX
     mode = "duplex"
+    capability_kind = "turn_based_duplex"
 
     def __init__(self, engine: EngineClient, config: SessionConfig, options: SessionOptions, emit: Emit):
         super().__init__(engine, config, options, emit)
         self._handlers["input_audio_buffer.append"] = self._append
         self._handlers["response.create"] = self._create_response
+        self._handlers["turn.signal"] = self._turn_signal
         self.overlap_speech_ms = 0  # speech that arrived while an answer generated, now in the buffer
 
     # Input while an answer generates (docs/realtime-api.md §13.6) ------------------------------
 
     def _append(self, ev: ce.InputAudioBufferAppend) -> None:
-        self._hold(ev, self.input.decode(ev, self.config.input_format))
+        """Without server VAD, an append that does not sound like speech while no answer is in
+        progress is not kept: `response.listen` says so (docs/realtime-api.md §13.6)."""
+        samples = self.input.decode(ev, self.config.input_format)
+        if self.responses.active is None and not self.input.detecting \
+                and not sounds_like_speech(ev, samples, self.config.overlap_silence_rms):
+            self.input.skip(samples)
+            self._emit(self._listen("silence_or_noise"))
+            return
+        self._hold(ev, samples)
 
     def _hold(self, ev: ce.InputAudioBufferAppend, samples: np.ndarray) -> None:
         """Keep an append's samples for the next turn, or not, by the overlap policy."""
         if self.responses.active is None:
-            self.input.take(ev, samples)
+            self._take(ev, samples)
             return
         policy = self.config.overlap_policy
-        decision = decide(ev, samples, policy=policy, vad_on=self.input.detecting)
+        decision = decide(ev, samples, policy=policy, vad_on=self.input.detecting,
+                          silence_rms=self.config.overlap_silence_rms)
         if decision is None:  # server VAD decides (TurnSession._speech_started)
-            self.input.take(ev, samples)
+            self._take(ev, samples)
             return
         duration_ms = samples.size // 16
         self._emit(overlap_decision(session_id=self.id, epoch=self.responses.epoch, policy=policy,
@@ -73,12 +92,36 @@ class DuplexSession(TurnSession):
         elif decision.keep:
             self.overlap_speech_ms += duration_ms
         if decision.keep:
-            self.input.take(ev, samples)
+            self._take(ev, samples)
+
+    def _take(self, ev: ce.InputAudioBufferAppend, samples: np.ndarray) -> None:
+        """Keep an append's samples for the turn; without server VAD the first that sounds like
+        speech opens a speech segment (docs/realtime-api.md §13.6)."""
+        start, speech = self.input.timeline, self._opens_speech(ev, samples)
+        self.input.take(ev, samples)
+        if speech:
+            self.input.open_heuristic_segment(ev, start)
+
+    def _heard(self, ev: ce.InputAudioBufferAppend, samples: np.ndarray) -> None:
+        """An append the model took as it came (not kept here): on the timeline, and as `_take`
+        judged for a speech segment."""
+        start, speech = self.input.timeline, self._opens_speech(ev, samples)
+        self.input.heard(ev, samples)
+        if speech:
+            self.input.open_heuristic_segment(ev, start)
+
+    def _opens_speech(self, ev: ce.InputAudioBufferAppend, samples: np.ndarray) -> bool:
+        return not self.input.detecting and self.input.segment_item is None \
+            and sounds_like_speech(ev, samples, self.config.overlap_silence_rms)
 
     def _commit_input(self, ev: ce.InputAudioBufferCommit) -> None:
-        if self.responses.active is not None and 0 < self.overlap_speech_ms <= SHORT_ACK_MS:
+        if self.input.pending.size == 0 and (self.input.skipped_silence or ev.is_speech is False):
+            self._silent_commit()
+            return
+        if self.responses.active is not None and 0 < self.overlap_speech_ms <= self.config.overlap_short_ack_ms:
+            item_id = self.input.close_speech() or new_id("item_")
             self.input.clear()
-            self._back_channel(SealedTurn(Item(id=new_id("item_"), role="user"), 0))
+            self._back_channel(SealedTurn(Item(id=item_id, role="user"), 0))
             return
         pending = self._pending_turns()
         if pending >= MAX_PENDING_TURNS:
@@ -106,7 +149,7 @@ class DuplexSession(TurnSession):
     def _server_commit(self, sealed: SealedTurn) -> None:
         td = self.config.turn_detection
         speech_ms = sealed.samples / 16 - td.prefix_padding_ms - td.silence_duration_ms
-        if self.responses.active is not None and speech_ms <= SHORT_ACK_MS:
+        if self.responses.active is not None and speech_ms <= self.config.overlap_short_ack_ms:
             sealed.item.stream, sealed.item.audio_ms = None, 0
             self._back_channel(sealed)
             return
@@ -115,15 +158,38 @@ class DuplexSession(TurnSession):
     def _back_channel(self, sealed: SealedTurn) -> None:
         """Short speech over an answer ("mm-hm"): an empty turn that is not answered."""
         self.overlap_speech_ms = 0
+        self._empty_turn(sealed, ("empty", "overlap_ack", "no_response"))
+
+    def _silent_commit(self) -> None:
+        """A commit of only non-speech (or `is_speech:false` with nothing pending): an empty
+        turn that is not answered, whatever the commit asked, then `response.listen`
+        (docs/realtime-api.md §13.6)."""
+        self.input.clear()
+        self._empty_turn(SealedTurn(Item(id=new_id("item_"), role="user", is_speech=False), 0),
+                         ("empty", "not_is_speech", "no_response"))
+        self._emit(self._listen("silence_or_noise"))
+
+    def _empty_turn(self, sealed: SealedTurn, flags: tuple[str, ...]) -> None:
         unanswered = self.responses.unanswered
-        self._commit(sealed, flags=("empty", "overlap_ack", "no_response"))
+        self._commit(sealed, flags=flags)
         self.responses.unanswered = unanswered  # nothing new to answer
 
-    def capabilities(self) -> dict[str, Any]:
-        return {**super().capabilities(), "implementation_level": "turn_based_duplex",
-                "supports_session_resume": True, "supports_session_lease": True,
-                "supports_multi_session": self.options.max_sessions > 1,
-                "supports_multi_session_same_replica": self.options.max_sessions > 1}
+    def _listen(self, reason: str, response_id: str | None = None) -> dict[str, Any]:
+        return response_listen(session_id=self.id, epoch=self.responses.epoch, reason=reason,
+                               response_id=response_id)
+
+    async def _turn_signal(self, ev: ce.TurnSignal) -> None:
+        """turn.signal (docs/realtime-api.md §13.9): a command by name, run with `payload` as its
+        body (errors name this event's id), or a turn-state change answered with turn.event."""
+        if ev.event is None:
+            raise ProtocolError("bad_event", "turn.signal requires event", "event")
+        if ev.event in SIGNAL_COMMANDS:
+            body = {**(ev.payload or {}), "type": ev.event}
+            await self._dispatch(ce.parse_client_event(body))
+            return
+        self.turn_state = SIGNAL_STATES.get(ev.event, self.turn_state)
+        self._emit(turn_event(session_id=self.id, event_name=ev.event, epoch=self.responses.epoch,
+                              turn_state="assistant_generating" if self.responses.active else self.turn_state))
 
     def _session_update(self, update: dict[str, Any]) -> SessionUpdateResult:
         """Atomic, as the duplex lane's updates are: the first problem refuses it all (§13.2)."""
@@ -182,7 +248,7 @@ def open_duplex_session(engine: EngineClient, options: SessionOptions, opening: 
         raise ProtocolError("model_not_found", f"The model `{str(model)[:200]}` does not exist.", "model")
 
     def duplex_emit(server_event: dict[str, Any]) -> None:
-        emit(duplex_view(server_event))
+        emit(duplex_view(server_event, epoch=session.responses.epoch))
 
     config = SessionConfig(id=session_id or new_id("duplex-"), model=model, input_format=DUPLEX_INPUT)
     session = kind(engine, config, options, duplex_emit)

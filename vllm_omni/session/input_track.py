@@ -69,7 +69,10 @@ class InputTrack:
         self._stream: AudioInputStream | None = None
         self._fed_until = 0
         self.segment_item: str | None = None  # open speech segment (speech_started sent)
+        self._end_hint_ms: int | None = None  # a heuristic segment's end on the client's clock
         self._transcript_hints: list[str] = []
+        self.skipped_silence = False  # a non-speech append was left out since the last commit/clear
+        self._skipped = 0  # samples left out while input was pending: the timeline takes them once it is empty
         self._vad: VadDetector | None = None
         self._end_of_turn: EndOfTurnModel | None = None  # semantic_vad's judge of pauses
         self._judgement: asyncio.Task[None] | None = None
@@ -90,6 +93,7 @@ class InputTrack:
         self._vad = self._end_of_turn = None
         if turn_detection is None:
             return
+        self._skipped = 0  # server VAD counts from the timeline as it stands
         try:
             model = SileroModel.load(self.vad_model_path)
         except ServerVADUnavailableError as exc:
@@ -143,6 +147,41 @@ class InputTrack:
         if ev.transcript:
             self._transcript_hints.append(ev.transcript)
         self.accept(samples)
+        self._note_end_hint(ev)
+
+    def heard(self, ev: ce.InputAudioBufferAppend, samples: np.ndarray) -> None:
+        """Samples the model took as they came (a natively duplex session): on the timeline, not kept."""
+        self.timeline += samples.size
+        self.pending.drop_until(self.timeline)
+        self._fed_until = self.timeline
+        self._note_end_hint(ev)
+
+    def skip(self, samples: np.ndarray) -> None:
+        """A non-speech append the duplex lane does not keep (docs/realtime-api.md §13.6). It
+        still counts on the client's clock: the timeline takes it once nothing is pending."""
+        self.skipped_silence = True
+        self._skipped += samples.size
+        self._take_skipped()
+
+    def _take_skipped(self) -> None:
+        if self._skipped and self.pending.size == 0:
+            self.timeline += self._skipped
+            self.pending.drop_until(self.timeline)
+            self._fed_until, self._skipped = self.timeline, 0
+
+    def open_heuristic_segment(self, ev: ce.InputAudioBufferAppend, start_sample: int) -> None:
+        """Without server VAD, the first append judged speech (taken at `start_sample`) opens a
+        speech segment: speech_started at its `audio_start_ms` hint, else its timeline position
+        (docs/realtime-api.md §13.6); the commit closes it."""
+        self.segment_item = new_id("item_")
+        start_ms = samples_to_ms(start_sample) if ev.audio_start_ms is None else round(ev.audio_start_ms)
+        self._emit(speech_started(audio_start_ms=start_ms, item_id=self.segment_item))
+        self._note_end_hint(ev)
+
+    def _note_end_hint(self, ev: ce.InputAudioBufferAppend) -> None:
+        """A heuristic segment ends at the client's `audio_end_ms` clock when it sends one."""
+        if self._vad is None and self.segment_item is not None and ev.audio_end_ms is not None:
+            self._end_hint_ms = round(ev.audio_end_ms)
 
     def accept(self, samples: np.ndarray) -> None:
         """Put 16 kHz samples on the timeline; with server VAD, detect and commit turns."""
@@ -236,8 +275,9 @@ class InputTrack:
     def _close_segment(self, emit_stop: bool) -> None:
         self._cancel_judgement()
         if self.segment_item is not None and emit_stop:
-            self._emit(speech_stopped(audio_end_ms=samples_to_ms(self.timeline), item_id=self.segment_item))
-        self.segment_item = None
+            end_ms = samples_to_ms(self.timeline + self._skipped) if self._end_hint_ms is None else self._end_hint_ms
+            self._emit(speech_stopped(audio_end_ms=end_ms, item_id=self.segment_item))
+        self.segment_item, self._end_hint_ms = None, None
         if self._vad is not None:
             self._vad.reset()
 
@@ -245,10 +285,16 @@ class InputTrack:
 
     def commit(self) -> SealedTurn:
         """A client commit: everything pending (an open speech segment ends here)."""
+        if self.pending.size < MIN_TURN_SAMPLES:
+            raise commit_too_small(self.pending.size)
+        return self._seal(self.timeline, self.close_speech())
+
+    def close_speech(self) -> str | None:
+        """End the open speech segment, if any, with speech_stopped; its item id."""
         open_item = self.segment_item
         if open_item is not None:
             self._close_segment(emit_stop=True)
-        return self._seal(self.timeline, open_item)
+        return open_item
 
     def _seal(self, end_sample: int, item_id: str | None, server_initiated: bool = False) -> SealedTurn:
         """Pending input up to `end_sample` as a user item. A client commit needs at least
@@ -266,6 +312,8 @@ class InputTrack:
         item = Item(id=item_id or new_id("item_"), role="user", stream=stream,
                     audio_ms=samples_to_ms(max(count, MIN_TURN_SAMPLES)), transcript=" ".join(self._transcript_hints))
         self._stream, self._fed_until, self._transcript_hints = None, end_sample, []
+        self.skipped_silence = False
+        self._take_skipped()
         return SealedTurn(item, count)
 
     def clear(self) -> None:
@@ -273,6 +321,8 @@ class InputTrack:
         self._close_segment(emit_stop=False)
         self.pending.drop_until(self.timeline)
         self._stream, self._fed_until, self._transcript_hints = None, self.timeline, []
+        self.skipped_silence = False
+        self._take_skipped()
 
     # Idle timer ------------------------------------------------------------------------------
 

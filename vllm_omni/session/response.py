@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -92,6 +93,7 @@ class ResponseRun:
         self._audio_samples = 0
         self._sample_rate = 0
         self._audio_sent = False
+        self._turn_ended = False  # the last audio delta sent had end_of_turn
         self._text_part = False
         self._started_at = time.monotonic()
         self._marks: dict[str, float] = {}  # when the engine got the request, the first text, the first audio
@@ -174,12 +176,13 @@ class ResponseRun:
         if self.done:
             return
         if chunk is not None:
-            self._on_audio(chunk, text_chars=len(self.transcript) + len(text), end_of_turn=end_of_turn)
+            self._on_audio(replace(chunk, final=end_of_turn), text_chars=len(self.transcript) + len(text))
         self._on_text(text)
 
-    def complete(self) -> None:
-        """End a fed response (the model ended its turn)."""
+    def complete(self, stage_metrics: dict[str, StageMetrics] | None = None) -> None:
+        """End a fed response (the model ended its turn), with the stages' metrics by role."""
         if not self.done:
+            self._stage_metrics = stage_metrics_wire(stage_metrics or {})
             self._finish(ResponseStatus.COMPLETED, None, None)
 
     def _on_text(self, text: str) -> None:
@@ -196,12 +199,13 @@ class ResponseRun:
             self._emit(content_part_added(**self._addr(0), part={"type": "text", "text": ""}))
         self._emit(output_text_delta(**self._addr(0), delta=text))
 
-    def _on_audio(self, chunk: AudioChunk, *, text_chars: int | None = None, end_of_turn: bool = False) -> None:
-        """`text_chars`: the transcript's length once this chunk's text is out (a text–audio mark)."""
+    def _on_audio(self, chunk: AudioChunk, *, text_chars: int | None = None) -> None:
+        """`text_chars`: the transcript's length once this chunk's text is out (a text–audio mark).
+        The response's last chunk (`final`) ends the turn (`end_of_turn`)."""
         if not self._audio_sent:
             self._mark("first_audio")
             metrics.TTFP.observe(time.monotonic() - self._started_at)
-        self._audio_sent = True
+        self._audio_sent, self._turn_ended = True, chunk.final
         self.audio_started.set()
         self._sample_rate = chunk.sample_rate
         self._audio_samples += len(chunk.pcm16) // 2
@@ -213,7 +217,7 @@ class ResponseRun:
         data, rate = encode_output(chunk.pcm16, chunk.sample_rate, self.options.output_format)
         self._emit(output_audio_delta(**self._addr(0), delta=b64(data), format=self.options.output_format.name,
                                       sample_rate_hz=rate, audio_duration_ms=duration_ms, playback=self.playback,
-                                      session_id=self.session_id, end_of_turn=end_of_turn,
+                                      session_id=self.session_id, end_of_turn=chunk.final,
                                       audio_text_marks=self.text_marks[-1:] if text_chars is not None else None))
 
     def _on_tool_call(self, call: ToolCall) -> None:
@@ -241,10 +245,19 @@ class ResponseRun:
             return
         if final.finish_reason == FinishReason.ABORT:
             return  # cancelled by us: the cancel path already ended the response
+        self._end_turn()
         if final.finish_reason == FinishReason.LENGTH and self.options.client_limited:
             self._finish(ResponseStatus.INCOMPLETE, {"type": "incomplete", "reason": "max_output_tokens"}, final)
         else:
             self._finish(ResponseStatus.COMPLETED, None, final)
+
+    def _end_turn(self) -> None:
+        """The end of an answer's audio is on its last delta (`end_of_turn`, docs/realtime-api.md
+        §5.4). The engine marks its last chunk, unless that chunk's frames gave no sample (the
+        talker's last frame closed a codec chunk): then an empty delta carries the mark."""
+        if self._audio_sent and not self._turn_ended:
+            end_s = self._audio_samples / self._sample_rate
+            self._on_audio(AudioChunk(self.request_id or self.id, b"", self._sample_rate, end_s, end_s, final=True))
 
     def _fail(self, code: str, message: str) -> None:
         if self.done:
@@ -270,7 +283,9 @@ class ResponseRun:
         self.status = status
         self.item.status = "incomplete" if status in (ResponseStatus.CANCELLED, ResponseStatus.FAILED) \
             else "completed"
-        transcript = self.item.kept_text
+        # The done events carry what the deltas sent; a playback cut (cancel_active, truncate)
+        # applies to the item and the history only (docs/realtime-api.md §6.5).
+        transcript = self.transcript
         if self.wants_audio:
             if self._audio_sent or self.transcript:
                 self._emit(output_audio_done(**self._addr(0)))

@@ -29,6 +29,7 @@ from vllm_omni.protocol.session_config import SessionConfig, session_object
 from vllm_omni.protocol.session_update import SessionUpdateResult, apply_session_update
 from vllm_omni.protocol.states import Lane
 from vllm_omni.session.base import ConfiguredSession, Emit, SessionOptions, reporting
+from vllm_omni.session.capabilities import Kind, capabilities
 from vllm_omni.session.conversation import announce
 from vllm_omni.session.input_track import InputTrack, SealedTurn
 from vllm_omni.session.item_store import ItemStore
@@ -41,22 +42,11 @@ Handler = Callable[[Any], Awaitable[None] | None]
 TOOL_CHECKS = {"tools": lambda tools: engine_tools(tools, "session.tools"),
                "tool_choice": lambda choice: engine_tool_choice(choice, "session.tool_choice")}
 
-CAPABILITIES = {
-    "implementation_level": "turn_based_duplex", "chunk_period_ms": 1000,
-    "supports_model_native_turn_policy": False, "supports_barge_in": True, "supports_input_append": True,
-    "supports_session_resume": False, "supports_session_lease": False, "supports_audio_truncate": True,
-    "supports_text_only_turn": True, "supports_core_resumable_request": False,
-    "supports_multi_session": True, "required_input_modalities": ["audio"], "optional_input_modalities": [],
-    "session_admission_mode": "engine_managed", "input_modes": ["append_audio_chunk"],
-    "adapter_patterns": ["turn_commit"], "signal_sources": ["client_event", "server_policy"],
-    "supports_client_commit": True, "supports_playback_ack": True, "supports_turn_commit_only": True,
-    "supports_reencode_context": True, "supports_realtime_endpoint": True,
-}
-
 
 class TurnSession(ConfiguredSession):
     lane = Lane.GA
     mode = "turn"  # how session.update reads turn detection (interrupt_response's default)
+    capability_kind: Kind = "turn"  # its column of session.capabilities
 
     def __init__(self, engine: EngineClient, config: SessionConfig, options: SessionOptions, emit: Emit):
         self.engine = engine
@@ -64,6 +54,7 @@ class TurnSession(ConfiguredSession):
         self.options = options
         self._emit = emit
         self.turn_id = 0  # user turns committed
+        self.turn_state = "idle"  # while no response generates (a duplex client's turn.signal sets it)
         self.input = InputTrack(engine, emit, vad_model_path=options.vad_model_path,
                                 end_of_turn_model_path=options.end_of_turn_model_path,
                                 on_speech_started=self._speech_started, on_server_commit=self._server_commit,
@@ -102,7 +93,7 @@ class TurnSession(ConfiguredSession):
     def session_object(self) -> dict[str, Any]:
         active = self.responses.active
         return session_object(self.config, {
-            "state": "open", "turn_state": "assistant_generating" if active else "idle",
+            "state": "open", "turn_state": "assistant_generating" if active else self.turn_state,
             "epoch": self.responses.epoch, "turn_id": self.turn_id,
             "active_request_id": active.request_id if active else None,
             "active_response_id": active.id if active else None, "active_response_turn_id": None,
@@ -112,8 +103,8 @@ class TurnSession(ConfiguredSession):
 
     def capabilities(self) -> dict[str, Any]:
         """`session.capabilities`: what this session kind and model support (docs/realtime-api.md §2.6)."""
-        return {**CAPABILITIES, "supports_image_input": self.engine.accepts_images,
-                "supports_multi_session_same_replica": True}
+        return capabilities(self.capability_kind, max_sessions=self.options.max_sessions,
+                            image_input=self.engine.accepts_images)
 
     def report(self, exc: ProtocolError, client_event_id: str | None = None) -> None:
         self._emit(error_event(exc, client_event_id))

@@ -176,7 +176,7 @@ class Code2WavProgram:
         samples = self._streams[request_id].decode(chunk.frames)
         if samples.numel():
             self._chunks_out[request_id] += 1
-            emit(request_id, AudioSamples(samples.float().numpy(), SAMPLE_RATE))
+            emit(request_id, AudioSamples(samples.float().numpy(), SAMPLE_RATE, final=chunk.final))
         if chunk.final:
             emit(request_id, StageDone("stop", self._chunks_out[request_id]))
             self.drop(request_id)
