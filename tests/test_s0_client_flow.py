@@ -22,7 +22,6 @@ from tests.test_minicpmo_native_session import voice_url
 from vllm_omni.config import get_deploy_config_path, load_deploy_config
 from vllm_omni.engine import OmniEngine
 from vllm_omni.models.qwen3_omni.family import Qwen3OmniFamily
-from vllm_omni.models.registry import load_engine
 from vllm_omni.session.base import NativeDuplexSettings
 
 MINICPMO = "minicpmo-tiny"
@@ -32,14 +31,15 @@ UNSEQUENCED = {"session.created"}  # docs/realtime-api.md §13.4: everything els
 
 
 @pytest.fixture(scope="module")
-def minicpmo_url(minicpmo_checkpoint):
+def minicpmo_url(minicpmo_vllm_engine):
+    """The shared engine of configs/minicpmo_4_5_tiny_cpu.yaml (tests/conftest.py), served with that deploy's
+    session settings."""
     deploy = load_deploy_config("configs/minicpmo_4_5_tiny_cpu.yaml")
     defaults = deploy.session_defaults
     native = NativeDuplexSettings(continuation_limit_units=CONTINUATION_LIMIT,
                                   continuation_period_ms=defaults.continuation_period_ms)
-    engine = load_engine(minicpmo_checkpoint, deploy)
-    with serving(engine, model_name=MINICPMO, session_mode=deploy.session_mode, native_duplex=native,
-                 max_sessions=defaults.max_sessions) as (url, _, _):
+    with serving(minicpmo_vllm_engine, model_name=MINICPMO, session_mode=deploy.session_mode, native_duplex=native,
+                 max_sessions=defaults.max_sessions, borrowed=True) as (url, _, _):
         yield url.replace("ws://", "http://")
 
 
