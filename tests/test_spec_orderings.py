@@ -94,6 +94,17 @@ def test_ga_server_vad_turns_follow_c_and_r(servers) -> None:
     asyncio.run(scenario())
 
 
+async def interrupted_turn(client: Client, stop: dict) -> tuple[str, list[dict]]:
+    """A committed spoken turn whose answer `stop` interrupts at its first audio delta: the
+    response id and the events up to its response.done."""
+    await client.send_all(append_events(fixture_pcm("speech_en_single.wav")))
+    await client.send({"type": "input_audio_buffer.commit"})
+    await client.send({"type": "response.create"})
+    response_id = (await client.until("response.output_audio.delta"))[-1]["response_id"]
+    await client.send(stop)
+    return response_id, await client.until("response.done")
+
+
 def test_ga_cancel_and_clear_end_with_the_done_block(servers) -> None:
     """§5.4: response.cancel and output_audio_buffer.clear give the *.done block, then a cancelled
     response.done with the reason; clear answers output_audio_buffer.cleared first."""
@@ -101,12 +112,7 @@ def test_ga_cancel_and_clear_end_with_the_done_block(servers) -> None:
         client = await ga_session(servers[0], None)
         reasons = []
         for stop in ({"type": "response.cancel"}, {"type": "output_audio_buffer.clear"}):
-            await client.send_all(append_events(fixture_pcm("speech_en_single.wav")))
-            await client.send({"type": "input_audio_buffer.commit"})
-            await client.send({"type": "response.create"})
-            response_id = (await client.until("response.output_audio.delta"))[-1]["response_id"]
-            await client.send(stop)
-            tail = await client.until("response.done")
+            response_id, tail = await interrupted_turn(client, stop)
             done = tail[-1]["response"]
             assert done["id"] == response_id and done["status"] == "cancelled"
             assert done["output"][0]["status"] == "incomplete"
@@ -174,17 +180,12 @@ def test_ga_speech_during_an_answer_is_deferred_behind_it(servers) -> None:
 
 def test_duplex_lane_turns_cancels_and_barge_in_follow_c_and_r(servers) -> None:
     """§5.1/§5.4/§5.3.1 on the turn-based duplex lane: a completed turn, a cancelled one, a cleared
-    one and a client barge-in, each C(X) + R(r); every audio delta has its transcript delta."""
+    one and a client barge-in, each C(X) + R(r)."""
     async def scenario():
         client = await duplex_session(servers[1], turn_detection=None, playback_commit_policy="commit_all_on_done")
         assert (await manual_turn(client))[-1]["response"]["status"] == "completed"
         for stop in ({"type": "response.cancel"}, {"type": "output_audio_buffer.clear"}, {"type": "input.cancel"}):
-            await client.send_all(append_events(fixture_pcm("speech_en_single.wav")))
-            await client.send({"type": "input_audio_buffer.commit"})
-            await client.send({"type": "response.create"})
-            response_id = (await client.until("response.output_audio.delta"))[-1]["response_id"]
-            await client.send(stop)
-            tail = await client.until("response.done")
+            response_id, tail = await interrupted_turn(client, stop)
             assert tail[-1]["response"]["status"] == "cancelled"
             if stop["type"] == "output_audio_buffer.clear":
                 kinds = [e["type"] for e in tail]
