@@ -10,7 +10,7 @@ surface in the duplex lane's spelling of error codes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -95,18 +95,19 @@ class DuplexSession(TurnSession):
             self._take(ev, samples)
 
     def _take(self, ev: ce.InputAudioBufferAppend, samples: np.ndarray) -> None:
-        """Keep an append's samples for the turn; without server VAD the first that sounds like
-        speech opens a speech segment (docs/realtime-api.md §13.6)."""
-        start, speech = self.input.timeline, self._opens_speech(ev, samples)
-        self.input.take(ev, samples)
-        if speech:
-            self.input.open_heuristic_segment(ev, start)
+        """Keep an append's samples for the turn (docs/realtime-api.md §13.6)."""
+        self._place(ev, samples, self.input.take)
 
     def _heard(self, ev: ce.InputAudioBufferAppend, samples: np.ndarray) -> None:
-        """An append the model took as it came (not kept here): on the timeline, and as `_take`
-        judged for a speech segment."""
+        """An append the model took as it came (not kept here): on the timeline only."""
+        self._place(ev, samples, self.input.heard)
+
+    def _place(self, ev: ce.InputAudioBufferAppend, samples: np.ndarray,
+               put: Callable[[ce.InputAudioBufferAppend, np.ndarray], None]) -> None:
+        """`put` the samples; without server VAD the first append that sounds like speech opens
+        a speech segment where it starts."""
         start, speech = self.input.timeline, self._opens_speech(ev, samples)
-        self.input.heard(ev, samples)
+        put(ev, samples)
         if speech:
             self.input.open_heuristic_segment(ev, start)
 
