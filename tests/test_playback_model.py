@@ -12,18 +12,26 @@ from typing import Any
 import pytest
 
 from tests.test_client_units import audio_delta
-from vllm_omni.bench.realtime import format_table, level_row, turn_rows
+from vllm_omni.bench.realtime import format_table, level_row, turn_rows, write_plot
 from vllm_omni.bench.report import Progress, run_levels
 from vllm_omni.cli.client_cmd import format_turns
 from vllm_omni.client.chat import ChatTurn, _collect
-from vllm_omni.client.playback import playback_metrics
+from vllm_omni.client.playback import buffered_stalls, playback_metrics, start_delay_ms
 from vllm_omni.client.timing import response_metrics
+
+PLAIN = ("stall_count", "stall_ms", "min_buffer_ms")  # the player that starts at the first chunk
+
+
+def plain(heard: dict[str, Any]) -> dict[str, Any]:
+    return {key: heard[key] for key in PLAIN}
 
 
 def test_chunks_that_arrive_ahead_never_stall() -> None:
     # 200 ms of audio every 100 ms: the queue grows by 100 ms a chunk.
-    heard = playback_metrics([(0.0, 200.0), (100.0, 200.0), (200.0, 200.0), (300.0, 200.0)])
-    assert heard == {"stall_count": 0, "stall_ms": 0.0, "min_buffer_ms": 100.0}
+    heard = playback_metrics([(0.0, 200.0), (100.0, 200.0), (200.0, 200.0), (300.0, 200.0)], ttfp_ms=400.0)
+    assert plain(heard) == {"stall_count": 0, "stall_ms": 0.0, "min_buffer_ms": 100.0}
+    assert heard["start_delay_ms"] == 0.0 and heard["playable_start_ms"] == 400.0
+    assert heard["stalls_at_buffer"] == {"0": 0, "60": 0, "120": 0}
 
 
 def test_a_late_chunk_stalls_once_for_as_long_as_it_was_late() -> None:
@@ -47,8 +55,75 @@ def test_clock_noise_under_a_millisecond_is_no_stall() -> None:
 
 
 def test_fewer_than_two_chunks_have_no_min_buffer() -> None:
-    assert playback_metrics([]) == {"stall_count": 0, "stall_ms": 0.0, "min_buffer_ms": None}
-    assert playback_metrics([(5.0, 100.0)]) == {"stall_count": 0, "stall_ms": 0.0, "min_buffer_ms": None}
+    assert plain(playback_metrics([])) == {"stall_count": 0, "stall_ms": 0.0, "min_buffer_ms": None}
+    assert plain(playback_metrics([(5.0, 100.0)])) == {"stall_count": 0, "stall_ms": 0.0, "min_buffer_ms": None}
+    silent = playback_metrics([], ttfp_ms=None)
+    assert silent["start_delay_ms"] is None and silent["playable_start_ms"] is None
+    assert silent["stalls_at_buffer"] == {"0": 0, "60": 0, "120": 0}
+    assert playback_metrics([(5.0, 100.0)], ttfp_ms=300.0)["playable_start_ms"] == 300.0
+
+
+def test_the_start_delay_is_the_latest_a_chunk_comes_behind_the_playhead() -> None:
+    # Behind a player started at the first arrival: 0, 350 - 100, 400 - 200, 480 - 300 ms.
+    late = [(0.0, 100.0), (350.0, 100.0), (400.0, 100.0), (480.0, 100.0)]
+    assert start_delay_ms(late) == pytest.approx(250.0)
+    heard = playback_metrics(late, ttfp_ms=700.0)
+    assert heard["start_delay_ms"] == pytest.approx(250.0) and heard["playable_start_ms"] == pytest.approx(950.0)
+    # The worst chunk need not be the first late one: 150 - 100 = 50, then 400 - 200 = 200.
+    assert start_delay_ms([(0.0, 100.0), (150.0, 100.0), (400.0, 100.0)]) == pytest.approx(200.0)
+    # Another clock, the same answer.
+    assert start_delay_ms([(10_000.0 + a, d) for a, d in late]) == pytest.approx(250.0)
+
+
+@pytest.mark.parametrize("chunks", [
+    [(0.0, 100.0), (350.0, 100.0), (400.0, 100.0), (480.0, 100.0)],
+    [(0.0, 57.0), (90.0, 40.0), (95.0, 40.0), (300.0, 200.0), (640.0, 80.0), (700.0, 10.0)],
+    [(3.0, 20.0), (80.0, 20.0), (81.0, 20.0), (82.0, 20.0), (200.0, 20.0)],
+])
+def test_a_player_started_after_the_start_delay_never_stalls_and_one_started_sooner_does(chunks) -> None:
+    delay = start_delay_ms(chunks)
+    (first, duration), rest = chunks[0], chunks[1:]
+    assert playback_metrics([(first + delay, duration), *rest])["stall_count"] == 0
+    assert playback_metrics([(first + delay - 2.0, duration), *rest])["stall_count"] == 1
+
+
+def test_a_start_delay_within_clock_noise_is_none() -> None:
+    assert start_delay_ms([(0.0, 100.0), (100.9, 100.0)]) == 0.0
+    assert start_delay_ms([(0.0, 100.0), (101.5, 100.0)]) == pytest.approx(1.5)
+    assert start_delay_ms([]) is None
+
+
+# 40 ms chunks every 40 ms, but a hole: none between 80 and 200 ms.
+HOLE = [(0.0, 40.0), (40.0, 40.0), (80.0, 40.0), (200.0, 40.0), (240.0, 40.0), (280.0, 40.0)]
+
+
+def test_a_playout_buffer_rides_out_a_hole_it_covers() -> None:
+    # 0 ms: plays from 0, dry at 120, silent until the chunk at 200.
+    assert buffered_stalls(HOLE, 0) == (1, pytest.approx(80.0))
+    # 60 ms: starts at 40 (80 ms held), dry at 160; rebuffers 60 ms: 40 at 200, 80 at 240 → plays on at 240.
+    assert buffered_stalls(HOLE, 60) == (1, pytest.approx(80.0))
+    # 120 ms: starts at 80 (120 ms held), dry at 200 just as the next chunk arrives: no stall.
+    assert buffered_stalls(HOLE, 120) == (0, 0.0)
+    heard = playback_metrics(HOLE)
+    assert heard["stalls_at_buffer"] == {"0": 1, "60": 1, "120": 0}
+    assert heard["stall_ms_at_buffer"] == {"0": pytest.approx(80.0), "60": pytest.approx(80.0), "120": 0.0}
+
+
+def test_a_buffering_player_starts_or_resumes_when_the_answer_ends() -> None:
+    assert buffered_stalls([(0.0, 30.0), (50.0, 20.0)], 120) == (0, 0.0)  # never 120 ms held: starts at 50
+    # Plays 0-200, dry at 200; the last chunk (30 ms, under the buffer) arrives at 300 and plays.
+    assert buffered_stalls([(0.0, 200.0), (300.0, 30.0)], 120) == (1, pytest.approx(100.0))
+    # Two stalls, each rebuffering 60 ms: dry at 100, plays on at 260 (60 ms held), dry at 320; the last at 500.
+    twice = [(0.0, 100.0), (200.0, 30.0), (260.0, 30.0), (500.0, 10.0)]
+    assert buffered_stalls(twice, 60) == (2, pytest.approx(160.0 + 180.0))
+    assert buffered_stalls([], 60) == (0, 0.0)
+
+
+@pytest.mark.parametrize("chunks", [
+    HOLE, [(0.0, 100.0), (350.0, 100.0), (400.0, 100.0), (600.0, 100.0)], [(0.0, 100.0), (100.9, 100.0)]])
+def test_without_a_buffer_the_buffering_player_is_the_plain_one(chunks) -> None:
+    heard = playback_metrics(chunks)
+    assert buffered_stalls(chunks, 0) == (heard["stall_count"], pytest.approx(heard["stall_ms"]))
 
 
 def test_response_metrics_plays_the_cumulative_durations_when_the_server_sends_them() -> None:
@@ -93,18 +168,24 @@ def test_the_chat_client_reports_the_same_playback_keys() -> None:
 
 
 def answer(ttfp: float, *, stalls: int = 0, stall_ms: float = 0.0, min_buffer: float | None = None,
-           audio_ms: float = 2000.0, rtf: float = 0.5) -> dict[str, Any]:
-    return {"ttft_ms": ttfp / 2, "ttfp_ms": ttfp, "rtf": rtf, "audio_duration_ms": audio_ms, "chunk_count": 3,
-            "stall_count": stalls, "stall_ms": stall_ms, "min_buffer_ms": min_buffer}
+           audio_ms: float = 2000.0, rtf: float | None = 0.5, delay: float = 0.0,
+           buffered: tuple[int, int] = (0, 0)) -> dict[str, Any]:
+    """An answer's metrics; `buffered`: its stalls behind the 60 and 120 ms playout buffers
+    (each 10 ms long)."""
+    at_buffer = {"0": stalls, "60": buffered[0], "120": buffered[1]}
+    return {"ttft_ms": ttfp / 2, "ttfp_ms": ttfp, "playable_start_ms": ttfp + delay, "start_delay_ms": delay,
+            "rtf": rtf, "audio_duration_ms": audio_ms, "chunk_count": 3, "stall_count": stalls, "stall_ms": stall_ms,
+            "min_buffer_ms": min_buffer, "stalls_at_buffer": at_buffer,
+            "stall_ms_at_buffer": {"0": stall_ms, "60": buffered[0] * 10.0, "120": buffered[1] * 10.0}}
 
 
 def bench_row() -> dict[str, Any]:
-    sessions = [[(answer(100.0, stalls=2, stall_ms=300.0, min_buffer=0.0), "completed"),
-                 (answer(900.0, stalls=5, stall_ms=999.0, min_buffer=0.0, rtf=9.0), "cancelled"),
-                 (answer(300.0, min_buffer=80.0), "completed")],
+    sessions = [[(answer(100.0, stalls=2, stall_ms=300.0, min_buffer=0.0, delay=300.0, buffered=(2, 1)), "completed"),
+                 (answer(900.0, stalls=5, stall_ms=999.0, min_buffer=0.0, rtf=9.0, buffered=(5, 5)), "cancelled"),
+                 (answer(300.0, min_buffer=80.0, delay=20.0), "completed")],
                 [],  # a session that failed
-                [(answer(200.0, min_buffer=40.0), "completed"),
-                 (answer(400.0, audio_ms=0.0, rtf=None), "incomplete")]]
+                [(answer(200.0, min_buffer=40.0, buffered=(1, 0)), "completed"),
+                 (answer(400.0, audio_ms=0.0, rtf=None, buffered=(3, 3)), "incomplete")]]
     return level_row(3, 3, 10.0, turn_rows(sessions), completed=4, failures=[RuntimeError("boom")])
 
 
@@ -115,24 +196,43 @@ def test_level_rows_count_stalls_of_the_answers_heard_to_the_end() -> None:
     assert (row["min_buffer_ms"]["min"], row["min_buffer_ms"]["p50"], row["min_buffer_ms"]["max"]) == (0.0, 40.0, 80.0)
     assert row["rtf"]["count"] == 3 and row["rtf"]["max"] == 0.5
     assert row["ttfp_ms"]["count"] == 5
+    # Behind each playout buffer, the same answers: 0 ms is the plain player.
+    assert row["stalls_at_buffer_ms"] == {"0": {"stalls": 2, "stalled_responses": 1, "stall_ms": 300.0},
+                                          "60": {"stalls": 3, "stalled_responses": 2, "stall_ms": 30.0},
+                                          "120": {"stalls": 1, "stalled_responses": 1, "stall_ms": 10.0}}
+
+
+def test_level_rows_summarize_the_playable_start_like_ttfp() -> None:
+    row = bench_row()  # playable starts: 400, 900, 320, 200, 400
+    assert row["playable_start_ms"]["count"] == 5
+    assert (row["playable_start_ms"]["p50"], row["playable_start_ms"]["p95"]) == (400.0, 900.0)
+    assert row["by_turn"][1]["playable_start_ms"]["mean"] == 300.0  # (400 + 200) / 2
+    assert row["by_turn"][3]["playable_start_ms"]["p50"] == 320.0
 
 
 def test_level_rows_keep_every_answer_and_summarize_by_turn_number() -> None:
     row = bench_row()
     assert [(t["session"], t["turn"], t["status"]) for t in row["per_turn"]] == [
         (1, 1, "completed"), (1, 2, "cancelled"), (1, 3, "completed"), (3, 1, "completed"), (3, 2, "incomplete")]
-    assert row["per_turn"][0] == {"session": 1, "turn": 1, "ttft_ms": 50.0, "ttfp_ms": 100.0, "rtf": 0.5,
+    assert row["per_turn"][0] == {"session": 1, "turn": 1, "ttft_ms": 50.0, "ttfp_ms": 100.0,
+                                  "playable_start_ms": 400.0, "start_delay_ms": 300.0, "rtf": 0.5,
                                   "audio_duration_ms": 2000.0, "stall_count": 2, "stall_ms": 300.0,
-                                  "min_buffer_ms": 0.0, "status": "completed"}
+                                  "min_buffer_ms": 0.0, "stalls_at_buffer": {"0": 2, "60": 2, "120": 1},
+                                  "stall_ms_at_buffer": {"0": 300.0, "60": 20.0, "120": 10.0}, "status": "completed"}
     assert sorted(row["by_turn"]) == [1, 2, 3]
     assert row["by_turn"][1]["ttfp_ms"]["count"] == 2 and row["by_turn"][1]["ttfp_ms"]["mean"] == 150.0
     assert row["by_turn"][2]["ttft_ms"]["max"] == 450.0 and row["by_turn"][3]["ttfp_ms"]["p50"] == 300.0
 
 
-def test_the_table_shows_stalls_and_buffer() -> None:
+def test_the_table_shows_playable_start_stalls_and_buffer() -> None:
     header, line = format_table({"vllm-omni": [bench_row()]}).splitlines()
-    assert header.split()[-6:] == ["lost", "stalls", "buf", "min", "buf", "p50"]
-    assert line.split()[-4:] == ["0", "2", "0.0", "40.0"]
+    assert header.split()[-6:] == ["lost", "stalls@0/60/120", "buf", "min", "buf", "p50"]
+    assert line.split()[-4:] == ["0", "2/3/1", "0.0", "40.0"]
+    assert header.split()[10:14] == ["play", "p50", "play", "p95"] and line.split()[7:9] == ["400.0", "900.0"]
+
+
+def test_the_plot_draws_the_playable_start(tmp_path) -> None:
+    assert write_plot({"vllm-omni": [bench_row()]}, tmp_path / "p.png").stat().st_size > 10_000
 
 
 def test_the_client_table_shows_stalls_and_buffer() -> None:

@@ -1,5 +1,6 @@
 """`vllm-omni bench realtime`: our server and a transformers baseline under the same load, over the
-realtime WebSocket or (`--endpoint chat`) streamed HTTP chat completions."""
+realtime WebSocket or (`--endpoint chat`) streamed HTTP chat completions; `bench native`,
+`bench turn-detection`, and `bench capacity` (the most concurrent sessions within a target)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,25 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help="silence streamed after each recording (default 3)")
     turns.add_argument("--out-dir", required=True, help="where turn_detection.json and the plot go")
     turns.set_defaults(run=run_turn_detection_bench)
+    capacity = kinds.add_parser("capacity", help="the most concurrent sessions served within a service target")
+    capacity.add_argument("--url", required=True, help="the server to measure (http(s)://host:port or ws(s)://…)")
+    capacity.add_argument("--wav", required=True, help="the spoken question: 16 kHz mono 16-bit PCM WAV")
+    capacity.add_argument("--out-dir", required=True, help="where capacity.json and the plot go")
+    capacity.add_argument("--model", help="model name to ask for (default: the server's)")
+    capacity.add_argument("--endpoint", choices=ENDPOINTS, default="realtime",
+                          help="realtime: WebSocket sessions (default); chat: streamed POST /v1/chat/completions")
+    capacity.add_argument("--turns", type=int, default=3, help="turns per session (default 3)")
+    capacity.add_argument("--start", type=int, default=1,
+                          help="the first level after one session; levels double from it (default 1)")
+    capacity.add_argument("--max-sessions", type=int, default=64, help="the largest level tried (default 64)")
+    capacity.add_argument("--arrival-spread-s", type=float,
+                          help="start a level's sessions evenly over this many seconds (default: the question's "
+                               "length)")
+    capacity.add_argument("--max-rtf-p95", type=float, default=1.0,
+                          help="a level passes with RTF p95 under this (default 1.0)")
+    capacity.add_argument("--max-playable-start-ratio", type=float, default=2.0,
+                          help="and playable-start p95 at most this times one session's (default 2.0)")
+    capacity.set_defaults(run=run_capacity_bench)
 
 
 ENDPOINTS = ("realtime", "chat")
@@ -110,9 +130,8 @@ def run_realtime_bench(args: argparse.Namespace) -> int:
             raise ValueError(f"--baseline-model: no checkpoint folder at {args.baseline_model}")
         if args.turns < 1:
             raise ValueError(f"--turns must be at least 1, got {args.turns}")
-        if args.arrival_spread_s < 0 or (args.arrival_spread_s and over_chat):
-            raise ValueError(f"--arrival-spread-s must be 0 or more, on the realtime endpoint (got "
-                             f"{args.arrival_spread_s}, endpoint {args.endpoint})")
+        if args.arrival_spread_s < 0:
+            raise ValueError(f"--arrival-spread-s must be 0 or more, got {args.arrival_spread_s}")
     except (WavError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -123,7 +142,8 @@ def run_realtime_bench(args: argparse.Namespace) -> int:
             settings = BaselineSettings(args.baseline_thinker_tokens, args.baseline_talker_tokens)
             targets["baseline"] = address(stack.enter_context(running_baseline(args.baseline_model, settings)))
         if over_chat:
-            results = chat.run_benchmark(targets, levels, pcm, args.turns, model=args.model)
+            results = chat.run_benchmark(targets, levels, pcm, args.turns, model=args.model,
+                                         arrival_spread_s=args.arrival_spread_s)
         else:
             results = run_benchmark(targets, levels, pcm, args.turns, model=args.model, server_vad=args.server_vad,
                                     transcribed=transcribed, duplex=duplex, interruption=interruption,
@@ -194,4 +214,47 @@ def run_turn_detection_bench(args: argparse.Namespace) -> int:
                             Path(args.out_dir))
     for path in written:
         print(f"wrote {path}")
+    return 0
+
+
+def run_capacity_bench(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from vllm_omni.bench import chat, realtime
+    from vllm_omni.bench.capacity import Target, capacity_line, format_table, search_capacity, write_results
+    from vllm_omni.bench.report import run_levels
+    from vllm_omni.client.url import chat_base_url, realtime_url
+    from vllm_omni.client.wav import WavError, read_pcm16
+
+    try:
+        pcm = read_pcm16(args.wav)
+        spread_s = len(pcm) / 32000 if args.arrival_spread_s is None else args.arrival_spread_s  # 16 kHz PCM16
+        if args.turns < 1 or args.start < 1 or args.max_sessions < args.start or spread_s < 0:
+            raise ValueError(f"need --turns ≥ 1, 1 ≤ --start ≤ --max-sessions and --arrival-spread-s ≥ 0 (got "
+                             f"{args.turns}, {args.start}, {args.max_sessions}, {spread_s})")
+        if args.max_rtf_p95 <= 0 or args.max_playable_start_ratio < 1:
+            raise ValueError(f"need --max-rtf-p95 > 0 and --max-playable-start-ratio ≥ 1 (got {args.max_rtf_p95}, "
+                             f"{args.max_playable_start_ratio})")
+    except (WavError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    over_chat = args.endpoint == "chat"
+    url = chat_base_url(args.url) if over_chat else realtime_url(args.url, model=args.model)
+    level = realtime.level_runner(chat.run_level if over_chat else realtime.run_level, url, pcm, args.turns,
+                                  model=args.model, arrival_spread_s=spread_s)
+    target = Target(args.max_rtf_p95, args.max_playable_start_ratio)
+    rows, capacity = search_capacity(lambda n: run_levels("capacity", [n], level, answers_per_session=args.turns)[0],
+                                     target, start=args.start, max_sessions=args.max_sessions)
+    settings = {"endpoint": args.endpoint, "url": url, "wav": args.wav, "turns": args.turns, "start": args.start,
+                "max_sessions": args.max_sessions, "arrival_spread_s": spread_s,
+                "paced": "whole question per request" if over_chat else "real time",
+                "target": {**asdict(target), "failed_sessions": 0, "error_events": 0, "lost_audio_turns": 0,
+                           "every_turn_completed": True}}
+    written = write_results(rows, capacity, target, settings, Path(args.out_dir))
+    print(format_table(rows))
+    for path in written:
+        print(f"wrote {path}")
+    for failure in (f for row in rows for f in row["failures"]):
+        print(f"session failed: {failure}", file=sys.stderr)
+    print(capacity_line(capacity, rows, args.max_sessions))
     return 0

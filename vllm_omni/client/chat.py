@@ -60,7 +60,7 @@ class ChatTurn:
         """The per-turn keys of the realtime client's metrics (`response_metrics`), playback included."""
         return {"ttft_ms": self.ttft_ms, "ttfp_ms": self.ttfp_ms, "rtf": self.rtf,
                 "audio_duration_ms": self.audio_duration_ms, "chunk_count": self.chunk_count,
-                "total_ms": self.total_ms, **playback_metrics(self.chunks)}
+                "total_ms": self.total_ms, **playback_metrics(self.chunks, self.ttfp_ms)}
 
     @property
     def assistant_message(self) -> dict[str, Any]:

@@ -123,16 +123,17 @@ def response_metrics(events: Sequence[dict[str, Any]], t0: float | None) -> dict
     generation_ms = since_t0(times[-1] if times else None)
     gaps = [(b - a) * 1000 for a, b in zip(times, times[1:], strict=False)]
     chunk_ms = _chunk_durations(audio)
+    ttfp_ms = since_t0(times[0] if times else None)
     return {
         "ttft_ms": since_t0(text[0]["_t"] if text else None),
-        "ttfp_ms": since_t0(times[0] if times else None),
+        "ttfp_ms": ttfp_ms,
         "audio_duration_ms": duration_ms,
         "rtf": generation_ms / duration_ms if generation_ms is not None and duration_ms > 0 else None,
         "chunk_count": len(audio),
         "inter_chunk_interval_ms": summarize(gaps),
         "max_chunk_gap_ms": max(gaps) if gaps else None,
         "chunk_duration_ms": summarize(chunk_ms),
-        **playback_metrics([(t * 1000, ms) for t, ms in zip(times, chunk_ms, strict=True)]),
+        **playback_metrics([(t * 1000, ms) for t, ms in zip(times, chunk_ms, strict=True)], ttfp_ms),
     }
 
 
