@@ -65,6 +65,19 @@ class StageProgram(Protocol):
 
 
 @runtime_checkable
+class BatchedStageProgram(StageProgram, Protocol):
+    """A stage program that can advance several requests in one call, sharing their work
+    (one pass of a model over their inputs stacked on the batch dimension). The step worker
+    then hands each round's requests to one `step_batch` instead of one `step` each."""
+
+    def step_batch(self, request_ids: list[str], emit: Emit) -> None:
+        """Advance each of `request_ids` (distinct, all holding state) by one step, emitting
+        each request's events as `step` would, request by request in the order given. An
+        exception fails every request of the call still holding state: their steps may be
+        half done, so none can be retried one by one."""
+
+
+@runtime_checkable
 class AsyncStageDriver(Protocol):
     """A stage served by an engine with its own scheduler (vLLM's AsyncLLM): one coroutine
     per request instead of steps; batching happens inside the engine."""

@@ -10,6 +10,13 @@ ended in this stage cannot occupy a slot. Within a round, requests are stepped n
 playback deadline first, and answers far ahead of their listener sit the round out while
 another listener waits (engine/pacing.py).
 
+A program that can step several requests at once (`BatchedStageProgram`, e.g. code2wav
+decoding many streams in one conv pass) gets each round's requests, in that same order, in
+one `step_batch` call; the inbox is then read between rounds, so an abort takes effect
+within one round. A failing batch fails each of its requests still open: a batch may have
+advanced some of them before it failed, so stepping them again one by one to find the
+culprit could repeat or skip their work.
+
 Why threads in one process (torch backend): all stages share the model weights loaded
 once, tensors pass between stages without copies, and torch kernels release the GIL, so
 the stages of one pipeline do run in parallel on different cores. The vLLM
@@ -25,7 +32,7 @@ import time
 from collections.abc import Callable
 
 from vllm_omni.engine.pacing import PaceSnapshot
-from vllm_omni.engine.stage_api import StageProgram
+from vllm_omni.engine.stage_api import BatchedStageProgram, StageProgram
 
 logger = logging.getLogger(__name__)
 
@@ -135,11 +142,26 @@ class StageWorker:
             if not runnable:
                 self._drain(block=True, wait_s=wait_s)
                 continue
-            for request_id in runnable:
-                if request_id not in self.program.request_ids():  # ended or dropped during this round
-                    continue
-                try:
-                    self.program.step(request_id, self._emit)
-                except Exception as exc:
+            if isinstance(self.program, BatchedStageProgram):
+                self._step_batch(self.program, runnable)
+            else:
+                self._step_each(runnable)
+
+    def _step_each(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            if request_id not in self.program.request_ids():  # ended or dropped during this round
+                continue
+            try:
+                self.program.step(request_id, self._emit)
+            except Exception as exc:
+                self._fail(request_id, exc)
+            self._drain(block=False)
+
+    def _step_batch(self, program: BatchedStageProgram, request_ids: list[str]) -> None:
+        try:
+            program.step_batch(request_ids, self._emit)
+        except Exception as exc:
+            open_ids = set(program.request_ids())
+            for request_id in request_ids:
+                if request_id in open_ids:  # not those the batch finished before it failed
                     self._fail(request_id, exc)
-                self._drain(block=False)

@@ -18,6 +18,7 @@ chunk is re-decoded with `left_context` frames before it and the overlap is cut 
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from typing import Protocol
 
 import torch
@@ -46,26 +47,76 @@ class ExactCode2WavStream:
         self.model = code2wav
         self.frames_seen = 0
         self._kv_cache = DynamicCache(config=code2wav.config)
-        self._held: dict[int, torch.Tensor] = {}  # id(module) -> samples it keeps
+        self._held: dict[int, torch.Tensor] = {}  # id(module) -> samples it keeps, [1, channels, held]
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        if codes.shape[-1] == 0:
+            return torch.zeros(0, device=self.model.code_offset.device)
+        return _ConvPass(self._held).run(self.model, self._transform(codes))[0]
+
+    def batch_key(self, frames: int) -> Hashable:
+        """Streams whose next `frames` decode with the same key can share one conv pass: same
+        model, same new length, and held samples of the same shapes (these differ until each
+        look-ahead has seen its first output, i.e. over a stream's first frames)."""
+        return id(self.model), frames, tuple((key, tuple(held.shape)) for key, held in self._held.items())
+
+    def _transform(self, codes: torch.Tensor) -> torch.Tensor:
+        """Embed the new frames and run the pre-transformer over them (advancing its KV
+        cache): the conv stack's input, [1, hidden, n]."""
         model = self.model
         n = codes.shape[-1]
-        if n == 0:
-            return torch.zeros(0)
         codes = codes.reshape(1, model.config.num_quantizers, n).to(model.code_offset.device)
         hidden = model.code_embedding(codes + model.code_offset).mean(1)
         positions = torch.arange(self.frames_seen, self.frames_seen + n, device=hidden.device)[None]
         hidden = model.pre_transformer(inputs_embeds=hidden, position_ids=positions,
                                        past_key_values=self._kv_cache, use_cache=True).last_hidden_state
         self.frames_seen += n
-        hidden = hidden.permute(0, 2, 1)
+        return hidden.permute(0, 2, 1)
+
+
+@torch.no_grad()
+def decode_batch(streams: Sequence[Code2WavStream], codes: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """`[stream.decode(c) for stream, c in zip(streams, codes)]`, with the conv stack (the
+    heavy part) run once per group of exact streams that share a `batch_key`: their
+    pre-transformer outputs and held samples stacked on the batch dimension, the held
+    samples split back afterwards. A stream alone in its group, or not exact, decodes as
+    `decode` does (bit-identical); a shared pass differs from it by float rounding only."""
+    samples: list[torch.Tensor | None] = [None] * len(streams)
+    groups: dict[Hashable, list[int]] = {}
+    for i, (stream, chunk) in enumerate(zip(streams, codes, strict=True)):
+        if isinstance(stream, ExactCode2WavStream) and chunk.shape[-1]:
+            groups.setdefault(stream.batch_key(chunk.shape[-1]), []).append(i)
+        else:
+            samples[i] = stream.decode(chunk)
+    for members in groups.values():
+        if len(members) == 1:
+            samples[members[0]] = streams[members[0]].decode(codes[members[0]])
+            continue
+        group = [streams[i] for i in members]
+        hidden = torch.cat([stream._transform(codes[i]) for stream, i in zip(group, members, strict=True)])
+        held = {key: torch.cat([stream._held[key] for stream in group]) for key in group[0]._held}
+        decoded = _ConvPass(held).run(group[0].model, hidden)
+        for row, (stream, i) in enumerate(zip(group, members, strict=True)):
+            stream._held = {key: rows[row:row + 1] for key, rows in held.items()}
+            samples[i] = decoded[row]
+    return samples
+
+
+class _ConvPass:
+    """The upsample and decoder stacks over `[batch, channels, time]`, reading and replacing
+    each stateful module's held samples in `held` (id(module) -> [batch, channels, held])."""
+
+    def __init__(self, held: dict[int, torch.Tensor]):
+        self.held = held
+
+    def run(self, model: Qwen3OmniMoeCode2Wav, hidden: torch.Tensor) -> torch.Tensor:
+        """The new final samples of each batch row, [batch, m] (m may be 0)."""
         for module in (*[block for blocks in model.upsample for block in blocks], *model.decoder):
             hidden = self._run(module, hidden)
             if hidden.shape[-1] == 0:  # everything new is held back by a look-ahead
-                return torch.zeros(0)
-        return hidden.clamp(min=-1, max=1).reshape(-1)
+                return hidden.new_zeros(hidden.shape[0], 0)
+        return hidden.clamp(min=-1, max=1).reshape(hidden.shape[0], -1)
 
     def _run(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         if isinstance(module, Qwen3OmniMoeCausalConvNet):
@@ -94,11 +145,11 @@ class ExactCode2WavStream:
             raise ValueError("streaming needs stride-1 causal convolutions")
         if module.padding == 0:
             return module.conv(x)
-        past = self._held.get(id(module))
+        past = self.held.get(id(module))
         if past is None:  # the one-shot decoder zero-pads on the left
             past = x.new_zeros(x.shape[0], x.shape[1], module.padding)
         joined = torch.cat((past, x), dim=-1)
-        self._held[id(module)] = joined[..., -module.padding:]
+        self.held[id(module)] = joined[..., -module.padding:]
         return module.conv(joined)
 
     def _transposed_conv(self, module: Qwen3OmniMoeCausalTransConvNet, x: torch.Tensor) -> torch.Tensor:
@@ -107,9 +158,9 @@ class ExactCode2WavStream:
             return module(x)
         if kernel != 2 * stride:
             raise ValueError(f"streaming supports kernel == stride or 2 * stride, got {kernel}/{stride}")
-        past = self._held.get(id(module))
+        past = self.held.get(id(module))
         joined = x if past is None else torch.cat((past, x), dim=-1)
-        self._held[id(module)] = joined[..., -1:]
+        self.held[id(module)] = joined[..., -1:]
         if joined.shape[-1] < 2:
             return joined[..., :0].new_zeros(joined.shape[0], module.conv.out_channels, 0)
         return module(joined)
@@ -130,7 +181,7 @@ class LeftContextCode2WavStream:
         self._frames = codes if self._frames is None else torch.cat((self._frames, codes), dim=-1)
         context = min(self.left_context, before)
         window = self._frames[:, before - context:]
-        samples = self.model(window[None]).reshape(-1)
+        samples = self.model(window[None].to(self.model.code_offset.device)).reshape(-1)
         lookahead = window.shape[-1] * int(self.model.total_upsample) - samples.numel()
         return samples[max(0, context * int(self.model.total_upsample) - lookahead):]
 

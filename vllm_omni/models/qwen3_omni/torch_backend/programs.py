@@ -20,7 +20,11 @@ from vllm_omni.models.qwen3_omni.messages import (
     TrailingText,
 )
 from vllm_omni.models.qwen3_omni.talker_bridge import ThinkerToTalkerBridge
-from vllm_omni.models.qwen3_omni.torch_backend.code2wav import Code2WavStream, make_code2wav_stream
+from vllm_omni.models.qwen3_omni.torch_backend.code2wav import (
+    Code2WavStream,
+    decode_batch,
+    make_code2wav_stream,
+)
 from vllm_omni.models.qwen3_omni.torch_backend.talker import TalkerSequence, TorchTalker
 from vllm_omni.models.qwen3_omni.torch_backend.thinker import ThinkerSequence, TorchThinker
 
@@ -173,10 +177,20 @@ class Code2WavProgram:
 
     def step(self, request_id: str, emit: Emit) -> None:
         chunk = self._pending[request_id].popleft()
-        samples = self._streams[request_id].decode(chunk.frames)
+        self._deliver(request_id, chunk, self._streams[request_id].decode(chunk.frames), emit)
+
+    def step_batch(self, request_ids: list[str], emit: Emit) -> None:
+        """One pending chunk of each request, their conv stacks shared where the streams
+        allow (`decode_batch`); the events are those `step` would emit, request by request."""
+        chunks = [self._pending[rid].popleft() for rid in request_ids]
+        decoded = decode_batch([self._streams[rid] for rid in request_ids], [chunk.frames for chunk in chunks])
+        for request_id, chunk, samples in zip(request_ids, chunks, decoded, strict=True):
+            self._deliver(request_id, chunk, samples, emit)
+
+    def _deliver(self, request_id: str, chunk: CodecChunk, samples: torch.Tensor, emit: Emit) -> None:
         if samples.numel():
             self._chunks_out[request_id] += 1
-            emit(request_id, AudioSamples(samples.float().numpy(), SAMPLE_RATE, final=chunk.final))
+            emit(request_id, AudioSamples(samples.float().cpu().numpy(), SAMPLE_RATE, final=chunk.final))
         if chunk.final:
             emit(request_id, StageDone("stop", self._chunks_out[request_id]))
             self.drop(request_id)
