@@ -80,9 +80,11 @@ def minicpmo_vllm_engine(minicpmo_checkpoint: Path):
     """The tiny MiniCPM-o 4.5 on its vLLM deploy (configs/minicpmo_4_5_tiny_cpu.yaml), started
     once and served by every module that needs it (tests/realtime_helpers.py `serving(...,
     borrowed=True)`): each engine start costs about a minute on 2 cores."""
+    from tests.engine_helpers import skip_without_vllm
     from vllm_omni.config import load_deploy_config
     from vllm_omni.models.registry import load_engine
 
+    skip_without_vllm()
     engine = load_engine(minicpmo_checkpoint, load_deploy_config(REPO / "configs" / "minicpmo_4_5_tiny_cpu.yaml"))
     yield engine
     engine.shutdown()

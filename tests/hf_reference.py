@@ -10,6 +10,7 @@ import torch
 from transformers import AutoProcessor, Qwen3OmniMoeForConditionalGeneration
 
 from tests.conftest import read_fixture_pcm
+from tests.engine_helpers import TORCH_DEVICE
 
 SPEAKER = "Ethan"
 
@@ -34,8 +35,8 @@ def hf_messages(turns: list[tuple[str, str | None, int, str | None]]) -> tuple[l
 
 def hf_generate(model: Any, inputs: dict[str, Any], *, speaks: bool, thinker_tokens: int,
                 talker_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Greedy `generate`: (sequences, waveform, the codes its vocoder got); the last two are
-    None when it does not speak."""
+    """Greedy `generate` on the model's device: (sequences, waveform, the codes its vocoder got),
+    on the CPU; the last two are None when it does not speak."""
     decoded = {}
     real_decode = model.code2wav.chunked_decode
 
@@ -45,20 +46,21 @@ def hf_generate(model: Any, inputs: dict[str, Any], *, speaks: bool, thinker_tok
 
     model.code2wav.chunked_decode = keep_codes
     try:
-        output = model.generate(**inputs, return_audio=speaks, speaker=SPEAKER, thinker_do_sample=False,
-                                thinker_max_new_tokens=thinker_tokens, talker_do_sample=False,
-                                talker_max_new_tokens=talker_tokens)
+        output = model.generate(**inputs.to(model.device), return_audio=speaks, speaker=SPEAKER,
+                                thinker_do_sample=False, thinker_max_new_tokens=thinker_tokens,
+                                talker_do_sample=False, talker_max_new_tokens=talker_tokens)
     finally:
         model.code2wav.chunked_decode = real_decode
     if not speaks:
-        return output, None, None
-    return output[0], output[1], decoded["codes"]
+        return output.cpu(), None, None
+    return output[0].cpu(), output[1].cpu(), decoded["codes"].cpu()
 
 
 def cached_reference(checkpoint: Any, compute: Callable[[Any, Any, str], dict]) -> Callable[[str], dict]:
-    """transformers' model and processor on their own copy of `checkpoint` (float32), and a
-    function giving `compute(model, processor, case)`, computed once per case."""
+    """transformers' model (float32, on the tests' torch device) and processor on their own copy
+    of `checkpoint`, and a function giving `compute(model, processor, case)`, computed once per case."""
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    model.to(TORCH_DEVICE)
     processor = AutoProcessor.from_pretrained(checkpoint)
     results: dict[str, dict] = {}
 

@@ -60,7 +60,7 @@ def reference_run(model, processor, case: str) -> dict:
     sequences, waveform, codes = hf_generate(model, inputs, speaks=True, thinker_tokens=THINKER_TOKENS,
                                              talker_tokens=TALKER_TOKENS)
     with torch.no_grad():
-        one_shot = model.code2wav(codes[None]).reshape(-1).numpy()
+        one_shot = model.code2wav(codes[None].to(model.device)).reshape(-1).cpu().numpy()
     return {"tokens": sequences[0, inputs["input_ids"].shape[1]:].tolist(),
             "codes": codes.numpy(), "one_shot_pcm": float_to_pcm16(one_shot).astype(np.int32),
             "hf_pcm": float_to_pcm16(waveform.reshape(-1).numpy()).astype(np.int32)}

@@ -212,7 +212,10 @@ def _stage_rules(config: DeployConfig) -> list[str]:
     nices = [f"stages[{i}].nice: needs backend 'vllm' (it is the niceness of a vLLM engine's processes; "
              f"got backend {stage.backend!r})"
              for i, stage in enumerate(config.stages) if stage.nice and stage.backend != "vllm"]
-    return restarts + nices
+    gpus = [f"stages[{i}].torch_device: needs backend 'torch' (a vLLM stage runs on the platform's devices; "
+            f"got backend {stage.backend!r})"
+            for i, stage in enumerate(config.stages) if stage.torch_device != "cpu" and stage.backend != "torch"]
+    return restarts + nices + gpus
 
 
 def load_deploy_config(path: str | os.PathLike[str], platform: str | None = None) -> DeployConfig:

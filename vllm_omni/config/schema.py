@@ -2,6 +2,10 @@
 
 Unknown keys are errors everywhere, and values are not coerced (`"0.5"` is not a number),
 so a typo in a deploy file fails at load time instead of silently running defaults.
+
+Where a stage runs: a vLLM stage on the platform's accelerators `devices` (each engine sees
+only those); a torch stage (Qwen3-Omni's) in the server process, on the CPU unless its
+`torch_device` is `cuda`, which puts its weights and tensors on `cuda:<devices[0]>`.
 """
 
 from __future__ import annotations
@@ -83,6 +87,10 @@ class StageConfig(_Strict):
     role: Literal["encoder", "thinker", "talker", "code2wav", "vocoder", "llm"]
     backend: Literal["vllm", "torch"]
     devices: list[NonNegativeInt] = Field(default_factory=lambda: [0])
+    # Torch stages: "cpu" (`devices` unused) or "cuda": the GPU `cuda:<devices[0]>`, numbered as
+    # the server process sees them (after an outer CUDA_VISIBLE_DEVICES); an error without CUDA.
+    # vLLM stages run on the platform's devices and refuse this key.
+    torch_device: Literal["cpu", "cuda"] = "cpu"
     # CPU platform, vLLM stages: the cores the engine's compute threads are bound to (vLLM's
     # VLLM_CPU_OMP_THREADS_BIND); unset, vLLM binds every engine to the same cores itself.
     cpu_cores: list[NonNegativeInt] | None = None

@@ -34,11 +34,12 @@ class TokenSampler:
                 self._generator.seed()
 
     def choose(self, logits: torch.Tensor) -> int:
-        """`logits`: [vocab] float, already penalised and masked."""
+        """`logits`: [vocab] float, already penalised and masked, on any device. Sampling runs on
+        the CPU, with the request's generator: a seed gives the same tokens on every device."""
         params = self.params
         if params.temperature == 0:
             return int(torch.argmax(logits))
-        logits = logits.float() / params.temperature
+        logits = logits.cpu().float() / params.temperature
         if params.top_k is not None and 0 < params.top_k < logits.numel():
             kth = torch.topk(logits, params.top_k).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))

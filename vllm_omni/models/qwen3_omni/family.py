@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from vllm_omni.config import CodecChunking, DeployConfig, SamplingParams, StageConfig
+from vllm_omni.engine.backends.torch_device import stage_torch_device
 from vllm_omni.engine.family import Route
 from vllm_omni.engine.request import AudioInputStream, RequestError
 from vllm_omni.engine.stage_api import AsyncStageDriver, StageDone, StageProgram, TextToken
@@ -41,8 +42,6 @@ from vllm_omni.models.qwen3_omni.prompt import ThinkerPrompt, render_prompt
 from vllm_omni.models.qwen3_omni.talker_bridge import speaker_codec_id
 from vllm_omni.models.qwen3_omni.tool_calls import CALL_OPEN, QwenToolCallParser, call_schema
 from vllm_omni.models.qwen3_omni.torch_backend.programs import Code2WavProgram, TalkerProgram, ThinkerProgram
-from vllm_omni.models.qwen3_omni.vllm_backend.talker import VllmTalkerDriver
-from vllm_omni.models.qwen3_omni.vllm_backend.thinker import VllmThinkerDriver
 
 DEFAULT_SPEAKER = "ethan"
 
@@ -137,14 +136,22 @@ class Qwen3OmniFamily:
         return cls(checkpoint, deploy, code2wav_mode=code2wav_mode)
 
     def make_program(self, stage: StageConfig) -> StageProgram | AsyncStageDriver:
-        """One replica of a stage: vLLM replicas are engines of their own; torch replicas are
-        programs over the weights this process loaded once."""
+        """One replica of a stage: vLLM replicas are engines of their own (vLLM is imported only
+        then, so torch-only deploys run without it); torch replicas are programs over the
+        weights this process loaded once, the stage's module moved to its `torch_device`."""
+        if stage.backend == "vllm":
+            if stage.role == "thinker":
+                from vllm_omni.models.qwen3_omni.vllm_backend.thinker import VllmThinkerDriver
+
+                return VllmThinkerDriver(self.checkpoint, stage)
+            from vllm_omni.models.qwen3_omni.vllm_backend.talker import VllmTalkerDriver
+
+            return VllmTalkerDriver(self.checkpoint, stage)
+        getattr(self.checkpoint, stage.role).to(stage_torch_device(stage))
         if stage.role == "thinker":
-            return VllmThinkerDriver(self.checkpoint, stage) if stage.backend == "vllm" \
-                else ThinkerProgram(self.checkpoint)
+            return ThinkerProgram(self.checkpoint)
         if stage.role == "talker":
-            return VllmTalkerDriver(self.checkpoint, stage) if stage.backend == "vllm" \
-                else TalkerProgram(self.checkpoint)
+            return TalkerProgram(self.checkpoint)
         return Code2WavProgram(self.checkpoint, self.code2wav_mode, self.chunking.codec_left_context_frames)
 
     def remote_program(self, stage: StageConfig) -> Callable[[], StageProgram | AsyncStageDriver]:

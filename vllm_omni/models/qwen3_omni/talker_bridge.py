@@ -15,6 +15,9 @@ The talker can therefore start as soon as the thinker has sampled its first toke
 prompt's M-RoPE positions are computed as transformers' talker computes them from its
 input ids (the user positions' thinker ids, then tts_pad per assistant row): sequential,
 unless images lie in the user turns (positions.py).
+
+The rows are made on the talker's device; the thinker's hidden states and embedding rows are
+brought there (with torch stages on different devices, or a torch thinker beside a vLLM talker).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ class TtsRows:
 
 def user_positions(input_ids: torch.Tensor, im_start_id: int, user_id: int) -> torch.Tensor:
     """Indices of positions inside user chat-ML blocks (from `<|im_start|>` to the next one)."""
-    positions = torch.arange(input_ids.numel())
+    positions = torch.arange(input_ids.numel(), device=input_ids.device)
     starts = torch.where(input_ids == im_start_id, positions, torch.full_like(positions, -1))
     block_start = torch.cummax(starts, dim=0).values.clamp_min(0)
     roles = input_ids[(block_start + 1).clamp_max(input_ids.numel() - 1)]
@@ -59,15 +62,21 @@ class ThinkerToTalkerBridge:
     def __init__(self, checkpoint: Qwen3OmniCheckpoint):
         self.config = checkpoint.config
         self.talker = checkpoint.talker
+        self.device = next(self.talker.text_projection.parameters()).device
         self.thinker_embeddings = checkpoint.thinker.get_input_embeddings()
         self._tts: TtsRows | None = None
+
+    def _thinker_rows(self, token_ids: list[int]) -> torch.Tensor:
+        """The thinker's layer-0 embedding rows of `token_ids`, [n, H], on the talker's device."""
+        ids = torch.tensor(token_ids, device=self.thinker_embeddings.weight.device)
+        return self.thinker_embeddings(ids).to(self.device)
 
     @torch.no_grad()
     def tts_rows(self) -> TtsRows:
         if self._tts is None:
-            ids = torch.tensor([[self.config.tts_bos_token_id, self.config.tts_eos_token_id,
-                                 self.config.tts_pad_token_id]])
-            bos, eos, pad = self.talker.text_projection(self.thinker_embeddings(ids)).chunk(3, dim=1)
+            rows = self._thinker_rows([self.config.tts_bos_token_id, self.config.tts_eos_token_id,
+                                       self.config.tts_pad_token_id])
+            bos, eos, pad = self.talker.text_projection(rows[None]).chunk(3, dim=1)
             self._tts = TtsRows(bos=bos, eos=eos, pad=pad)
         return self._tts
 
@@ -75,15 +84,16 @@ class ThinkerToTalkerBridge:
     def prompt_embeddings(self, input_ids: list[int], prefill: ThinkerPrefill, speaker: str) -> torch.Tensor:
         """The talker's prompt rows [1, P_talker, D]."""
         config, talker = self.config, self.talker
-        ids = torch.tensor(input_ids)
+        ids = torch.tensor(input_ids, device=self.device)
         thinker_cfg = config.thinker_config
         multimodal = (ids == thinker_cfg.audio_token_id) | (ids == thinker_cfg.image_token_id) | \
             (ids == thinker_cfg.video_token_id)
+        embeddings = prefill.embeddings.to(self.device)
         projected = torch.empty(len(input_ids), config.talker_config.text_config.hidden_size,
-                                dtype=talker.dtype)
+                                dtype=talker.dtype, device=self.device)
         if multimodal.any():
-            projected[multimodal] = talker.hidden_projection(prefill.accept_hidden[multimodal])
-        projected[~multimodal] = talker.text_projection(prefill.embeddings[~multimodal])
+            projected[multimodal] = talker.hidden_projection(prefill.accept_hidden.to(self.device)[multimodal])
+        projected[~multimodal] = talker.text_projection(embeddings[~multimodal])
         user_rows = projected[user_positions(ids, config.im_start_token_id, config.user_token_id)]
 
         starts = torch.nonzero((ids[:-1] == config.im_start_token_id) &
@@ -91,16 +101,15 @@ class ThinkerToTalkerBridge:
         if starts.numel() == 0:
             raise ValueError("thinker prompt has no assistant turn to speak")
         assistant_start = int(starts[-1])
-        first_token = self.thinker_embeddings(torch.tensor([prefill.first_token]))
-        assistant = talker.text_projection(
-            torch.cat((prefill.embeddings[assistant_start:], first_token))[None])
+        first_token = self._thinker_rows([prefill.first_token])
+        assistant = talker.text_projection(torch.cat((embeddings[assistant_start:], first_token))[None])
         tts = self.tts_rows()
         text_part = torch.cat((assistant[:, :3], tts.pad.expand(1, 4, -1), tts.bos, assistant[:, 3:4]), dim=1)
         talker_cfg = config.talker_config
         codec_ids = torch.tensor([[talker_cfg.codec_nothink_id, talker_cfg.codec_think_bos_id,
                                    talker_cfg.codec_think_eos_id, speaker_codec_id(config, speaker),
-                                   talker_cfg.codec_pad_id, talker_cfg.codec_bos_id]])
-        codec_part = torch.cat((torch.zeros(1, 3, text_part.shape[-1], dtype=talker.dtype),
+                                   talker_cfg.codec_pad_id, talker_cfg.codec_bos_id]], device=self.device)
+        codec_part = torch.cat((torch.zeros(1, 3, text_part.shape[-1], dtype=talker.dtype, device=self.device),
                                 talker.get_input_embeddings()(codec_ids)), dim=1)
         return torch.cat((user_rows[None], text_part + codec_part), dim=1)
 
@@ -114,4 +123,4 @@ class ThinkerToTalkerBridge:
     @torch.no_grad()
     def trailing_rows(self, token_ids: list[int]) -> torch.Tensor:
         """Trailing rows [n, 1, D] of generated tokens that the thinker fed back."""
-        return self.talker.text_projection(self.thinker_embeddings(torch.tensor(token_ids)))[:, None]
+        return self.talker.text_projection(self._thinker_rows(token_ids))[:, None]

@@ -5,7 +5,8 @@ Mirrors transformers' `generate`: codec ids [vocab - 1024, vocab) other than the
 are suppressed; repetition penalty applies to the codebook-0 ids generated so far; the
 code predictor samples (top-k 50, top-p 0.8) only when the talker samples; a frame is
 complete once its residual codes exist, so the token that reaches `max_tokens` is not
-synthesised (as in the reference).
+synthesised (as in the reference). Inputs are made on the module's device (the stage's
+`torch_device`).
 """
 
 from __future__ import annotations
@@ -47,11 +48,12 @@ class TalkerSequence:
 class TorchTalker:
     def __init__(self, checkpoint: Qwen3OmniCheckpoint):
         self.module = checkpoint.talker
+        self.device = self.module.device
         cfg = checkpoint.config.talker_config
         self.eos_token_id = cfg.codec_eos_token_id
         vocab = cfg.text_config.vocab_size
         self._suppressed = torch.tensor([i for i in range(vocab - SUPPRESSED_TAIL, vocab)
-                                         if i != self.eos_token_id])
+                                         if i != self.eos_token_id], device=self.device)
         self.code_predictor = CodePredictor(self.module.code_predictor, cfg.num_code_groups)
 
     def new_sequence(self, sampling: SamplingParams) -> TalkerSequence:
@@ -68,8 +70,9 @@ class TorchTalker:
     def _forward(self, seq: TalkerSequence, embeds: torch.Tensor, positions: torch.Tensor) -> int:
         """`positions` [4, 1, n] of the `embeds` rows [1, n, D]; their text row ends at the cache's length."""
         out = self.module(inputs_embeds=embeds,
-                          attention_mask=torch.ones(1, int(positions[0, 0, -1]) + 1, dtype=torch.long),
-                          position_ids=positions, past_key_values=seq.cache,
+                          attention_mask=torch.ones(1, int(positions[0, 0, -1]) + 1, dtype=torch.long,
+                                                    device=self.device),
+                          position_ids=positions.to(self.device), past_key_values=seq.cache,
                           use_cache=True, output_hidden_states=True,
                           generation_step=seq.steps)  # only echoed back by transformers
         seq.last_hidden = out.hidden_states[0][-1][:, -1:]
@@ -94,7 +97,7 @@ class TorchTalker:
         """Residual codes of the last sampled codebook-0 id: the frame's 16 codes, and the
         sum of the frame's 16 codec embeddings [1, 1, D] (the next step's input before the text row)."""
         code0 = seq.codes0[-1]
-        code0_embedding = self.module.get_input_embeddings()(torch.tensor([code0]))
+        code0_embedding = self.module.get_input_embeddings()(torch.tensor([code0], device=self.device))
         frames, codec_sums = self.code_predictor.complete_frames(seq.last_hidden[0], code0_embedding, [code0],
                                                                  [seq.residual_sampler])
         return frames[0], codec_sums[:, None]

@@ -4,7 +4,8 @@ Each call runs one request's prefill or one decode step with exactly the inputs 
 transformers' `generate` would use (audio features, image patches and their grids, 4-row
 M-RoPE position ids from its `get_rope_index` (positions.py), an all-ones attention mask),
 so greedy tokens equal the reference. Requests interleave step by step; each keeps its own
-cache and rope delta, so concurrent requests do not change each other's results.
+cache and rope delta, so concurrent requests do not change each other's results. Inputs are
+made on the module's device (the stage's `torch_device`); token choice reads the logits there.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class ThinkerSequence:
 class TorchThinker:
     def __init__(self, checkpoint: Qwen3OmniCheckpoint):
         self.module = checkpoint.thinker
+        self.device = self.module.device
         self.config = checkpoint.config
         self.accept_layer = checkpoint.config.talker_config.accept_hidden_layer
         self.eos_token_id = checkpoint.config.im_end_token_id
@@ -78,10 +80,11 @@ class TorchThinker:
             for i, f in enumerate(prompt.audio_features):
                 features[i, :, : f.shape[-1]] = f
                 mask[i, : f.shape[-1]] = 1
-            inputs = {"input_features": features.to(self.module.dtype), "feature_attention_mask": mask}
+            inputs = {"input_features": features.to(self.device, self.module.dtype),
+                      "feature_attention_mask": mask.to(self.device)}
         if prompt.images:
-            inputs["pixel_values"] = torch.cat([image.pixel_values for image in prompt.images])
-            inputs["image_grid_thw"] = prompt.image_grid_thw
+            inputs["pixel_values"] = torch.cat([image.pixel_values for image in prompt.images]).to(self.device)
+            inputs["image_grid_thw"] = prompt.image_grid_thw.to(self.device)
         return inputs
 
     @torch.no_grad()
@@ -89,8 +92,9 @@ class TorchThinker:
         prompt = seq.prompt
         positions, seq.rope_delta = prompt_positions(self.config, prompt.input_ids, prompt.audio_lengths,
                                                      prompt.image_grid_thw)
-        out = self.module(input_ids=torch.tensor([prompt.input_ids]),
-                          attention_mask=torch.ones(1, len(prompt), dtype=torch.long), position_ids=positions,
+        out = self.module(input_ids=torch.tensor([prompt.input_ids], device=self.device),
+                          attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=self.device),
+                          position_ids=positions.to(self.device),
                           past_key_values=seq.cache, use_cache=True, output_hidden_states=True,
                           **self._media_inputs(prompt))
         token = self._choose(seq, out.logits[0, -1])
@@ -101,13 +105,14 @@ class TorchThinker:
     def decode(self, seq: ThinkerSequence) -> int:
         """Feed the last generated token; return the next one."""
         past = len(seq.prompt.input_ids) + len(seq.generated) - 1
-        out = self.module(input_ids=torch.tensor([[seq.generated[-1]]]),
-                          attention_mask=torch.ones(1, past + 1, dtype=torch.long),
-                          position_ids=step_positions(past, 1, seq.rope_delta), past_key_values=seq.cache,
+        out = self.module(input_ids=torch.tensor([[seq.generated[-1]]], device=self.device),
+                          attention_mask=torch.ones(1, past + 1, dtype=torch.long, device=self.device),
+                          position_ids=step_positions(past, 1, seq.rope_delta).to(self.device),
+                          past_key_values=seq.cache,
                           use_cache=True)
         return self._choose(seq, out.logits[0, -1])
 
     @torch.no_grad()
     def token_embeddings(self, token_ids: list[int]) -> torch.Tensor:
         """Layer-0 rows of generated text tokens: a table lookup, [n, H]."""
-        return self.module.get_input_embeddings()(torch.tensor(token_ids))
+        return self.module.get_input_embeddings()(torch.tensor(token_ids, device=self.device))
