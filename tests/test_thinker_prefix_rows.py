@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import torch
 
-from vllm_omni.engine.backends.vllm.tensor_wire import tensor_to_wire
 from vllm_omni.models.qwen3_omni.vllm_backend.capture import PromptCapture
+from vllm_omni.models.qwen3_omni.vllm_backend.row_channel import REPORT_ROWS_KEY
 from vllm_omni.models.qwen3_omni.vllm_backend.row_store import MmItem, PromptKey, PromptRowStore
 from vllm_omni.models.qwen3_omni.vllm_backend.thinker import rows_the_talker_reads
 
@@ -90,12 +90,13 @@ def test_the_talker_reads_user_segments_and_the_last_assistant_segment() -> None
 
 class FakeThinkerEngine:
     """What the driver uses of AsyncLLM: each request samples one token, then EOS; the rows
-    the worker gives are `rows`, one tensor per request, in order."""
+    the worker pushes (`deliver`) for a request that asks for them are `rows`, one tensor per
+    request, in order, ahead of the request's first output."""
 
     errored = False
 
-    def __init__(self, rows: list[torch.Tensor], eos: int):
-        self.rows, self.eos = rows, eos
+    def __init__(self, rows: list[torch.Tensor], eos: int, deliver):
+        self.rows, self.eos, self.deliver = rows, eos, deliver
         self.prompts: list[dict] = []
         self.request_ids: list[str] = []
         self.calls: list[str] = []
@@ -103,13 +104,15 @@ class FakeThinkerEngine:
     async def generate(self, prompt, sampling, request_id):
         self.prompts.append(prompt)
         self.request_ids.append(request_id)
+        if (sampling.extra_args or {}).get(REPORT_ROWS_KEY):
+            self.deliver(request_id, self.rows.pop(0))
         for token, finished in ((7, False), (self.eos, True)):
             yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=[token], finish_reason="stop")],
                                   num_cached_tokens=0, finished=finished)
 
     async def collective_rpc(self, method, args=()):
         self.calls.append(method)
-        return [tensor_to_wire(self.rows.pop(0))] if method == "omni_take_hidden_rows" else [None]
+        return [None]
 
 
 def run_thinker(tiny_loaded, rows: list[torch.Tensor]) -> tuple[FakeThinkerEngine, list, list]:
@@ -119,7 +122,7 @@ def run_thinker(tiny_loaded, rows: list[torch.Tensor]) -> tuple[FakeThinkerEngin
     from vllm_omni.models.qwen3_omni.vllm_backend.thinker import VllmThinkerDriver
 
     driver = VllmThinkerDriver(tiny_loaded, StageConfig(stage_id=0, role="thinker", backend="vllm"))
-    driver.engine = FakeThinkerEngine(rows, driver.eos_token_id)
+    driver.engine = FakeThinkerEngine(rows, driver.eos_token_id, driver.row_receiver.deliver)
     job = ThinkerJob(ThinkerPrompt(input_ids=prompt_ids(tiny_loaded.config), audio_features=[]), SamplingParams(),
                      report_prefill=True)
     emitted: list = []
@@ -157,5 +160,52 @@ def test_a_row_the_talker_reads_missing_from_the_store_is_taken_from_an_uncached
     assert [event.token_id for event in emitted if isinstance(event, TextToken)] == [7, engine.eos]  # text once
     assert "cache_salt" not in engine.prompts[0] and engine.prompts[1]["cache_salt"]  # no cached block matches
     assert engine.request_ids == ["req", "req-rows"]  # the rows' prefill runs beside the request
-    assert engine.calls == ["omni_take_hidden_rows", "omni_take_hidden_rows", "omni_forget", "omni_forget"]
+    assert engine.calls == ["omni_forget", "omni_forget"]  # the rows came by the row channel, not by RPC
+    assert not engine.rows  # each request that asked for rows got them
     assert torch.equal(prefilled[0].prefill.accept_hidden, full[:, 1])
+
+
+def test_rows_cross_the_channel_for_open_requests_only() -> None:
+    import os
+
+    from vllm_omni.models.qwen3_omni.vllm_backend.row_channel import RowReceiver, RowSender, new_row_address
+
+    async def scenario():
+        receiver = RowReceiver(new_row_address())
+        receiver.start()
+        try:
+            rows = receiver.open("a")
+            sender = RowSender(receiver.address)
+            sent = torch.randn(5, 2, H)
+            sent[1] = float("nan")  # rows neither the forward nor the store had travel as they are
+            sender.send("gone", torch.ones(1, 2, H))  # not open: dropped
+            sender.send("a", sent)
+            got = await asyncio.wait_for(rows, 5)
+            assert torch.equal(got[~got.isnan()], sent[~sent.isnan()]) and got.isnan().sum() == 2 * H
+            assert not receiver.open("gone").done()
+            receiver.close_request("gone")
+            receiver.close_request("a")
+        finally:
+            receiver.close()
+        assert not os.path.exists(receiver.address.removeprefix("ipc://"))
+
+    asyncio.run(scenario())
+
+
+def test_a_complete_capture_is_taken_once_and_only_if_its_request_asked() -> None:
+    from vllm_omni.models.qwen3_omni.vllm_backend.capture import _CaptureRunnerMixin
+
+    store = PromptRowStore(capacity=100)
+    runner = _CaptureRunnerMixin()
+    keys = {name: PromptKey.of([n, n + 1, n + 2], []) for n, name in ((1, "asked-abcdefgh"), (5, "quiet-abcdefgh"),
+                                                                        (9, "partial-abcdefgh"))}
+    runner._omni_captures = {name: PromptCapture(key, report=not name.startswith("quiet"))
+                             for name, key in keys.items()}
+    for name, key in keys.items():
+        rows = rows_of(key)
+        end = 2 if name.startswith("partial") else 3
+        runner._omni_captures[name].add(0, [rows[:end, 0], rows[:end, 1]], store)
+    taken = runner.omni_take_complete()
+    assert list(taken) == ["asked"] and torch.equal(taken["asked"], rows_of(keys["asked-abcdefgh"]))
+    assert list(runner._omni_captures) == ["partial-abcdefgh"]  # still in its prefill
+    assert runner.omni_take_complete() == {}

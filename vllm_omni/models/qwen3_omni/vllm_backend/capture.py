@@ -8,9 +8,10 @@ model loads, takes the aux tensors off the forward's output (so the rest of vLLM
 ordinary output), and files the rows of each request's prompt positions under its request
 id, using the batch layout (`input_batch.req_ids`, `num_scheduled_tokens`) and each
 request's computed-token count from the scheduler output. No model code is copied and no
-vLLM file is patched; the runner subclass works for the CPU and the GPU runner alike. The
-rows stay in the worker until the orchestrator takes them with `collective_rpc`
-("omni_take_hidden_rows"), once the request's first token exists.
+vLLM file is patched; the runner subclass works for the CPU and the GPU runner alike. Once a
+request's prompt rows are complete (at the end of its last prefill step), the worker pushes
+them to the driver if the request asked for them (row_channel.py), ahead of the step's
+output, so they are there when the first token is.
 
 Prefix caching: vLLM runs no forward for the positions [0, C) of a prompt whose first C
 tokens it has cached (`num_computed_tokens` of the new request), so their rows come from
@@ -33,8 +34,8 @@ from typing import Any
 import torch
 
 from vllm_omni.engine.backends.vllm.holding_scheduler import external_request_id
-from vllm_omni.engine.backends.vllm.tensor_wire import tensor_to_wire
 from vllm_omni.engine.backends.vllm.workers import RunnerExtensionWorkerMixin
+from vllm_omni.models.qwen3_omni.vllm_backend.row_channel import ROW_ADDRESS_KEY, RowSender, reports_rows
 from vllm_omni.models.qwen3_omni.vllm_backend.row_store import PromptKey, PromptRowStore
 
 
@@ -43,6 +44,7 @@ class PromptCapture:
     """One request's prompt rows [P, 2 (layer 0, accept layer), H] while its prefill runs."""
 
     key: PromptKey
+    report: bool = False  # the request asked for its rows (row_channel.py)
     rows: torch.Tensor | None = None  # NaN until captured or found in the store
     filled: int = 0  # rows [0, filled) are set
     filed: bool = False  # complete and kept in the store
@@ -111,22 +113,26 @@ class _CaptureRunnerMixin:
         for req_id in self.input_batch.req_ids:
             count = scheduled.num_scheduled_tokens.get(req_id, 0)
             if req_id in new:
-                self._omni_captures[req_id] = PromptCapture(PromptKey.of(new[req_id].prompt_token_ids,
-                                                                         new[req_id].mm_features))
+                request = new[req_id]
+                self._omni_captures[req_id] = PromptCapture(PromptKey.of(request.prompt_token_ids,
+                                                                         request.mm_features),
+                                                            report=reports_rows(request.sampling_params))
             capture = self._omni_captures.get(req_id)  # None once taken or forgotten
             if count and capture is not None and not capture.filed:
                 capture.add(computed[req_id], [layer[offset:offset + count] for layer in aux], self._omni_row_store())
             offset += count
 
-    def omni_take_hidden_rows(self, request_prefix: str) -> dict[str, Any] | None:
-        """The prompt rows captured for the request whose internal id starts with `request_prefix`,
-        [positions, 2 (layer 0, accept layer), hidden] in wire form (tensor_wire.py), NaN
-        where neither the forward nor the store had them; forgets the request."""
-        key = next((k for k in self._omni_captures if external_request_id(k) == request_prefix), None)
-        capture = self._omni_captures.pop(key, None) if key is not None else None
-        if capture is None or capture.rows is None:
-            return None
-        return tensor_to_wire(capture.rows[:capture.filled])
+    def omni_take_complete(self) -> dict[str, torch.Tensor]:
+        """The rows [P, 2 (layer 0, accept layer), H] of every request whose prompt is complete
+        and that asked for them, by the orchestrator's request id, NaN where neither the
+        forward nor the store had them; complete requests are forgotten."""
+        complete = [key for key, capture in self._omni_captures.items() if capture.filed]
+        taken = {}
+        for key in complete:
+            capture = self._omni_captures.pop(key)
+            if capture.report:
+                taken[external_request_id(key)] = capture.rows
+        return taken
 
     def omni_forget(self, request_prefix: str) -> None:
         for key in [k for k in self._omni_captures if external_request_id(k) == request_prefix]:
@@ -140,9 +146,17 @@ class CaptureWorkerMixin(RunnerExtensionWorkerMixin):
     """The thinker engine's worker: the capturing runner and its RPC methods."""
 
     runner_mixin = _CaptureRunnerMixin
+    _omni_rows: RowSender | None = None
 
-    def omni_take_hidden_rows(self, request_prefix: str):
-        return self.model_runner.omni_take_hidden_rows(request_prefix)
+    def execute_model(self, *args: Any, **kwargs: Any) -> Any:
+        output = super().execute_model(*args, **kwargs)
+        complete = self.model_runner.omni_take_complete()
+        if complete and self.rank == 0:  # every tensor-parallel rank captures the same rows; one sends them
+            if self._omni_rows is None:
+                self._omni_rows = RowSender(self.vllm_config.additional_config[ROW_ADDRESS_KEY])
+            for request_id, rows in complete.items():
+                self._omni_rows.send(request_id, rows)
+        return output
 
     def omni_forget(self, request_prefix: str) -> None:
         self.model_runner.omni_forget(request_prefix)

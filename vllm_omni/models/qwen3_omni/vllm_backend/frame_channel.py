@@ -34,8 +34,20 @@ def ends_request(code0: int, sampled: int, eos_token_id: int, max_tokens: int) -
     return code0 == eos_token_id or sampled >= max_tokens
 
 
+def new_ipc_address(kind: str) -> str:
+    """A fresh `ipc://` address for a driver's socket (`kind` names it: frames, rows)."""
+    return f"ipc://{os.path.join(tempfile.gettempdir(), f'vllm-omni-{kind}-{uuid.uuid4().hex[:12]}')}"
+
+
 def new_frame_address() -> str:
-    return f"ipc://{os.path.join(tempfile.gettempdir(), f'vllm-omni-frames-{uuid.uuid4().hex[:12]}')}"
+    return new_ipc_address("frames")
+
+
+def unlink_ipc(address: str) -> None:
+    """Remove a closed `ipc://` socket's file."""
+    path = address.removeprefix("ipc://")
+    if os.path.exists(path):
+        os.unlink(path)
 
 
 class FrameSender:
@@ -94,6 +106,4 @@ class FrameReceiver:
         if self._socket is not None:
             self._socket.close()
             self._socket = None
-        path = self.address.removeprefix("ipc://")
-        if os.path.exists(path):
-            os.unlink(path)
+        unlink_ipc(self.address)

@@ -6,9 +6,9 @@ incrementally while the user spoke, audio/log_mel.py), which vLLM accepts with
 `enable_mm_embeds` and expands to the same number of `<|audio_pad|>` positions as
 transformers. Images go in decoded; vLLM runs the checkpoint's image processor on them and
 expands each `<|image_pad|>` as the orchestrator did (images.py). The talker's prompt needs
-the thinker's layer-0 and accept-layer rows of the prompt; `vllm_capture.CaptureCPUWorker`
-keeps them in the worker and this driver takes them with one `collective_rpc` once the
-first token exists.
+the thinker's layer-0 and accept-layer rows of the prompt; the capturing worker (capture.py)
+pushes them to this driver at the end of the request's prefill (row_channel.py), so they
+are here when the first token is.
 
 Prefix caching is on (unless the stage turns it off): each turn of a conversation prefills
 only what the previous turns did not. The rows of cached positions come from the prompts the
@@ -22,6 +22,7 @@ taken: the text does not wait for them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from contextlib import aclosing
@@ -31,11 +32,16 @@ import torch
 
 from vllm_omni.config import StageConfig
 from vllm_omni.engine.backends.vllm.engine_driver import VllmEngineDriver, cpu_platform, engine_kwargs, vllm_sampling
-from vllm_omni.engine.backends.vllm.tensor_wire import tensor_from_wire
 from vllm_omni.engine.stage_api import Emit, StageDone, TextToken
 from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
 from vllm_omni.models.qwen3_omni.messages import ThinkerJob, ThinkerPrefill, ThinkerPrefilled
 from vllm_omni.models.qwen3_omni.talker_bridge import user_positions
+from vllm_omni.models.qwen3_omni.vllm_backend.row_channel import (
+    REPORT_ROWS_KEY,
+    ROW_ADDRESS_KEY,
+    RowReceiver,
+    new_row_address,
+)
 from vllm_omni.models.qwen3_omni.vllm_backend.workers import worker_path
 from vllm_omni.models.vllm_plugin import QWEN3_OMNI_THINKER
 
@@ -43,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 
 UNCACHED_ROWS_SUFFIX = "-rows"  # the request id of a prompt's uncached prefill for its rows
+ROWS_WAIT_S = 10.0  # the rows left the worker before the first token did; only a dead engine sends none
 
 
 class RowsNotKept(RuntimeError):
@@ -78,6 +85,7 @@ class VllmThinkerDriver(VllmEngineDriver):
         self.eos_token_id = config.im_end_token_id
         self.placeholder_ids = (config.thinker_config.audio_token_id, config.thinker_config.image_token_id)
         self.segment_ids = (config.im_start_token_id, config.user_token_id, config.assistant_token_id)
+        self.row_receiver = RowReceiver(new_row_address())
 
     def engine_kwargs(self) -> dict[str, Any]:
         # Audio and images: the stage's limits (vLLM's default when unset), which the
@@ -89,7 +97,16 @@ class VllmThinkerDriver(VllmEngineDriver):
                              hf_overrides={"architectures": [QWEN3_OMNI_THINKER]},
                              limit_mm_per_prompt={"video": 0},
                              structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
+                             additional_config={ROW_ADDRESS_KEY: self.row_receiver.address},
                              worker_cls=worker_path("Capture", cpu=cpu_platform()))
+
+    async def start(self) -> None:
+        self.row_receiver.start()
+        await super().start()
+
+    async def shutdown(self) -> None:
+        self.row_receiver.close()
+        await super().shutdown()
 
     def starts_request(self, message: object) -> bool:
         return isinstance(message, ThinkerJob)
@@ -119,10 +136,12 @@ class VllmThinkerDriver(VllmEngineDriver):
         return prompt
 
     async def _take_rows(self, request_id: str) -> torch.Tensor:
-        rows = (await self.engine.collective_rpc("omni_take_hidden_rows", args=(request_id,)))[0]
-        if rows is None:
-            raise RuntimeError(f"no thinker rows were captured for request {request_id}")
-        return tensor_from_wire(rows).to(self.checkpoint.talker.dtype)
+        """The rows the worker pushed for the request (opened before it reached the engine)."""
+        try:
+            rows = await asyncio.wait_for(asyncio.shield(self.row_receiver.open(request_id)), ROWS_WAIT_S)
+        except asyncio.TimeoutError:
+            raise RuntimeError(f"no thinker rows were captured for request {request_id}") from None
+        return rows.to(self.checkpoint.talker.dtype)
 
     def _checked_rows(self, request_id: str, captured: torch.Tensor, input_ids: list[int]) -> torch.Tensor:
         if captured.shape[0] != len(input_ids):
@@ -134,13 +153,16 @@ class VllmThinkerDriver(VllmEngineDriver):
     async def _uncached_rows(self, request_id: str, job: ThinkerJob) -> torch.Tensor:
         """The prompt's rows from a one-token prefill that no cached block matches."""
         rows_id = f"{request_id}{UNCACHED_ROWS_SUFFIX}"
-        sampling = vllm_sampling(job.sampling, [self.eos_token_id], max_tokens=1, min_tokens=0)
+        sampling = vllm_sampling(job.sampling, [self.eos_token_id], max_tokens=1, min_tokens=0,
+                                 extra_args={REPORT_ROWS_KEY: True})
+        self.row_receiver.open(rows_id)
         try:
             async with aclosing(self.engine.generate(self._prompt(job, uuid.uuid4().hex), sampling, rows_id)) as outs:
                 async for _ in outs:
                     pass
             return self._checked_rows(rows_id, await self._take_rows(rows_id), job.prompt.input_ids)
         finally:
+            self.row_receiver.close_request(rows_id)
             await self.forget_in_engine(rows_id)
 
     async def _prompt_rows(self, request_id: str, first_token: int, job: ThinkerJob) -> ThinkerPrefill:
@@ -155,15 +177,19 @@ class VllmThinkerDriver(VllmEngineDriver):
     async def run(self, request_id: str, message: object, emit: Emit) -> None:
         if not isinstance(message, ThinkerJob):
             raise TypeError(f"thinker cannot take {type(message).__name__}")
+        if message.report_prefill:
+            self.row_receiver.open(request_id)
         try:
             await self._generate(request_id, message, emit)
         finally:
+            self.row_receiver.close_request(request_id)
             await self.forget_in_engine(request_id)
 
     async def _generate(self, request_id: str, job: ThinkerJob, emit: Emit) -> None:
         generated: list[int] = []
         sampling = vllm_sampling(job.sampling, [self.eos_token_id, *job.sampling.stop_token_ids],
-                                 json_schema=job.json_schema)
+                                 json_schema=job.json_schema,
+                                 extra_args={REPORT_ROWS_KEY: True} if job.report_prefill else None)
         # aclosing: however the loop ends, vLLM aborts the request before it is forgotten
         async with aclosing(self.engine.generate(self._prompt(job, None), sampling, request_id)) as outputs:
             async for output in outputs:

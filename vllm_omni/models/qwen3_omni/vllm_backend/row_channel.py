@@ -1,0 +1,108 @@
+"""The thinker's prompt rows from its worker straight to the driver, over a ZeroMQ socket.
+
+The talker starts from the rows of the thinker's prompt (talker_bridge.py) once the
+thinker's first token exists. Asked for with `collective_rpc`, they would come only when
+the engine loop has finished the step it runs by then (the second token's): a whole thinker
+step after the first token, 8-20 ms on the tiny CPU config at one session and 24-48 ms at
+eight (benchmarks/ttfp_breakdown.py). So the worker pushes a request's rows at the end of
+the step that completes its prompt (capture.py), ahead of that step's output, as
+frame_channel.py does for the talker's frames.
+
+Only requests that ask for their rows (`REPORT_ROWS_KEY` in their sampling params'
+`extra_args`) are pushed. The driver binds a PULL socket at an `ipc://` address it passes to
+the engine in vLLM's `additional_config`; the worker of tensor-parallel rank 0 connects a
+PUSH socket to it. A message is [request id, tensor_wire.py's header as JSON, the bytes].
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import torch
+import zmq
+import zmq.asyncio
+
+from vllm_omni.engine.backends.vllm.tensor_wire import tensor_from_wire, tensor_to_wire
+from vllm_omni.models.qwen3_omni.vllm_backend.frame_channel import new_ipc_address, unlink_ipc
+
+logger = logging.getLogger(__name__)
+
+ROW_ADDRESS_KEY = "omni_row_address"  # in vLLM's additional_config
+REPORT_ROWS_KEY = "omni_report_rows"  # in a request's SamplingParams.extra_args: push its rows
+
+
+def reports_rows(sampling_params: Any) -> bool:
+    """Whether a vLLM request asked for its prompt rows."""
+    return bool((sampling_params.extra_args or {}).get(REPORT_ROWS_KEY)) if sampling_params is not None else False
+
+
+def new_row_address() -> str:
+    return new_ipc_address("rows")
+
+
+class RowSender:
+    """The worker's end: pushes rows, never blocks the step (a message queues in ZeroMQ)."""
+
+    def __init__(self, address: str):
+        self._socket = zmq.Context.instance().socket(zmq.PUSH)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.connect(address)
+
+    def send(self, request_id: str, rows: torch.Tensor) -> None:
+        header = tensor_to_wire(rows)
+        data = header.pop("data")
+        self._socket.send_multipart([request_id.encode(), json.dumps(header).encode(), data], copy=False)
+
+
+class RowReceiver:
+    """The driver's end: one reader task hands incoming rows to the requests waiting for
+    them (rows of a request not open are dropped)."""
+
+    def __init__(self, address: str):
+        self.address = address
+        self._socket: Any = None
+        self._reader: asyncio.Task | None = None
+        self._waiting: dict[str, asyncio.Future] = {}
+
+    def start(self) -> None:
+        self._socket = zmq.asyncio.Context.instance().socket(zmq.PULL)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(self.address)
+        self._reader = asyncio.create_task(self._read())
+
+    def open(self, request_id: str) -> asyncio.Future:
+        """The future of the request's rows [P, 2, H] (open it before the request reaches the engine)."""
+        return self._waiting.setdefault(request_id, asyncio.get_running_loop().create_future())
+
+    def close_request(self, request_id: str) -> None:
+        future = self._waiting.pop(request_id, None)
+        if future is not None:
+            future.cancel()
+
+    def deliver(self, request_id: str, rows: torch.Tensor) -> None:
+        future = self._waiting.get(request_id)
+        if future is not None and not future.done():
+            future.set_result(rows)
+
+    async def _read(self) -> None:
+        while True:
+            parts = await self._socket.recv_multipart()
+            try:
+                request_id, header, data = parts
+                rows = tensor_from_wire({**json.loads(header), "data": data})
+            except (ValueError, TypeError) as bad:  # never from our worker; one bad message must not stop the rest
+                logger.warning("thinker row channel: unreadable message (%s)", bad)
+                continue
+            self.deliver(request_id.decode(), rows)
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            self._reader = None
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        unlink_ipc(self.address)
