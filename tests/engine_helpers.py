@@ -66,7 +66,8 @@ def make_engine(checkpoint, *, async_chunk: bool = True, first: int = 4, later: 
                 thinker_backend: str = "torch", talker_backend: str = "torch",
                 restart_on_failure: bool = False, audio_limit: int | None = None,
                 image_limit: int | None = None, replicas: dict[str, int] | None = None,
-                ray: RayCluster | None = None, placements: dict[str, RayPlacement] | None = None) -> OmniEngine:
+                ray: RayCluster | None = None, placements: dict[str, RayPlacement] | None = None,
+                batch_code2wav: bool = False) -> OmniEngine:
     on_vllm = "vllm" in (thinker_backend, talker_backend)  # then with the served config's engine arguments
     if on_vllm:
         skip_without_vllm()
@@ -80,8 +81,9 @@ def make_engine(checkpoint, *, async_chunk: bool = True, first: int = 4, later: 
     connectors = [c.model_copy(update={"extra": c.extra.model_copy(update=chunking)}) if c.extra else c
                   for c in deploy.connectors]
     backends = {"thinker": thinker_backend, "talker": talker_backend}
-    stages = [s.model_copy(update={"backend": backends.get(s.role, s.backend),
-                                   "restart_on_failure": restart_on_failure}) for s in deploy.stages]
+    stages = [s.model_copy(update={"backend": backends.get(s.role, s.backend), "restart_on_failure": restart_on_failure,
+                                   "batch_requests": batch_code2wav and s.role == "code2wav"})
+              for s in deploy.stages]
     limits = {modality: limit for modality, limit in (("audio", audio_limit), ("image", image_limit))
               if limit is not None}
     if limits:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import torch
 
 from tests.engine_helpers import make_engine, run_request
 from vllm_omni.audio.pcm import float_to_pcm16
+from vllm_omni.config import ConfigError, get_deploy_config_path, load_deploy_config
 from vllm_omni.engine import Message, OmniRequest
 from vllm_omni.engine.backends.step_worker import StageWorker
 from vllm_omni.engine.stage_api import AudioSamples, BatchedStageProgram, StageDone
@@ -26,7 +28,7 @@ from vllm_omni.models.qwen3_omni.torch_backend.code2wav import (
     decode_batch,
     make_code2wav_stream,
 )
-from vllm_omni.models.qwen3_omni.torch_backend.programs import Code2WavProgram
+from vllm_omni.models.qwen3_omni.torch_backend.programs import BatchedCode2WavProgram, Code2WavProgram
 
 RAMP = [1, 1, 1, 1, 2, 3, 4, 6, 9]  # CodecChunker's ramp (models/qwen3_omni/family.py)
 # Chunk sizes per round (0: no chunk that round): ramps in step, a ramp joining late,
@@ -96,7 +98,7 @@ def test_a_stream_alone_in_its_group_decodes_bit_identically(tiny_loaded) -> Non
 # The step worker ----------------------------------------------------------------------
 
 
-class RecordingCode2Wav(Code2WavProgram):
+class RecordingCode2Wav(BatchedCode2WavProgram):
     """The real program, recording what the worker asked of it."""
 
     def __init__(self, *args, **kwargs):
@@ -189,6 +191,25 @@ def test_the_worker_steps_each_round_in_one_batch(tiny_loaded) -> None:
             assert_within_one_lsb(torch.from_numpy(mine.samples), torch.from_numpy(theirs.samples))
 
 
+def test_the_first_request_of_a_batch_is_sent_before_the_rest_is_decoded(tiny_loaded) -> None:
+    # A new answer's one-frame first chunk (most urgent: its listener hears nothing yet), then
+    # two answers' 25-frame chunks that share one conv pass.
+    program = BatchedCode2WavProgram(tiny_loaded)
+    for request_id, seed, frames in (("new", 1, 1), ("old-a", 2, 25), ("old-b", 3, 25)):
+        program.accept(request_id, chunk_messages(seed, [frames, 1])[0])
+    streams = program._streams
+    seen_when_sent: dict[str, dict[str, int]] = {}
+
+    def emit(request_id: str, event: object) -> None:
+        if isinstance(event, AudioSamples):
+            seen_when_sent[request_id] = {rid: stream.frames_seen for rid, stream in streams.items()}
+
+    program.step_batch(["new", "old-a", "old-b"], emit)
+    assert list(seen_when_sent) == ["new", "old-a", "old-b"]
+    assert seen_when_sent["new"] == {"new": 1, "old-a": 0, "old-b": 0}  # sent before the others' decode
+    assert seen_when_sent["old-a"] == {"new": 1, "old-a": 25, "old-b": 25}  # the pair decoded together
+
+
 def test_an_abort_between_rounds_takes_effect(tiny_loaded) -> None:
     program = RecordingCode2Wav(tiny_loaded)
     outputs = Outputs(expected=1)
@@ -221,6 +242,17 @@ def test_a_failing_batch_fails_its_requests_only(tiny_loaded) -> None:
     assert isinstance(later.events["next"][-1], StageDone) and not later.errors
 
 
+def test_batching_is_off_unless_the_stage_asks_and_only_torch_stages_can(tmp_path: Path) -> None:
+    assert not issubclass(Code2WavProgram, BatchedStageProgram)
+    served = load_deploy_config(get_deploy_config_path("qwen3_omni_tiny_cpu"), platform="cpu")
+    assert not any(stage.batch_requests for stage in served.stages)
+    path = tmp_path / "deploy.yaml"
+    path.write_text(f"base_config: {get_deploy_config_path('qwen3_omni_tiny_cpu')}\n"
+                    "stages:\n  - stage_id: 0\n    batch_requests: true\n")
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.batch_requests: needs backend 'torch'"):
+        load_deploy_config(path, platform="cpu")
+
+
 # The engine ---------------------------------------------------------------------------
 
 PROMPTS = ("Tell me about the sea.", "What is a cloud?", "Sing a song.", "Count to five.")
@@ -237,25 +269,25 @@ def gathered_code2wav(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     is one batch of all of them; returns the batches it ran."""
     batches: list[list[str]] = []
     released = threading.Event()
-    runnable, step_batch = Code2WavProgram.runnable, Code2WavProgram.step_batch
+    runnable, step_batch = BatchedCode2WavProgram.runnable, BatchedCode2WavProgram.step_batch
 
-    def gated_runnable(self: Code2WavProgram) -> list[str]:
+    def gated_runnable(self: BatchedCode2WavProgram) -> list[str]:
         if len(self.request_ids()) >= len(PROMPTS):
             released.set()
         return runnable(self) if released.is_set() else []
 
-    def recorded_step_batch(self: Code2WavProgram, request_ids: list[str], emit) -> None:
+    def recorded_step_batch(self: BatchedCode2WavProgram, request_ids: list[str], emit) -> None:
         batches.append(list(request_ids))
         step_batch(self, request_ids, emit)
 
-    monkeypatch.setattr(Code2WavProgram, "runnable", gated_runnable)
-    monkeypatch.setattr(Code2WavProgram, "step_batch", recorded_step_batch)
+    monkeypatch.setattr(BatchedCode2WavProgram, "runnable", gated_runnable)
+    monkeypatch.setattr(BatchedCode2WavProgram, "step_batch", recorded_step_batch)
     return batches
 
 
 @pytest.fixture(scope="module")
 def ramp_engine(tiny_loaded):
-    engine = make_engine(tiny_loaded, first=1, later=4)  # chunks of 1, 1, 1, 1, 2, 3, 4, 4, ...
+    engine = make_engine(tiny_loaded, first=1, later=4, batch_code2wav=True)  # chunks of 1, 1, 1, 1, 2, 3, 4, 4, ...
     yield engine
     engine.shutdown()
 

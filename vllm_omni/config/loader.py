@@ -215,7 +215,10 @@ def _stage_rules(config: DeployConfig) -> list[str]:
     gpus = [f"stages[{i}].torch_device: needs backend 'torch' (a vLLM stage runs on the platform's devices; "
             f"got backend {stage.backend!r})"
             for i, stage in enumerate(config.stages) if stage.torch_device != "cpu" and stage.backend != "torch"]
-    return restarts + nices + gpus
+    batched = [f"stages[{i}].batch_requests: needs backend 'torch' (a vLLM engine batches its requests itself; "
+               f"got backend {stage.backend!r})"
+               for i, stage in enumerate(config.stages) if stage.batch_requests and stage.backend != "torch"]
+    return restarts + nices + gpus + batched
 
 
 def load_deploy_config(path: str | os.PathLike[str], platform: str | None = None) -> DeployConfig:

@@ -91,6 +91,11 @@ class StageConfig(_Strict):
     # the server process sees them (after an outer CUDA_VISIBLE_DEVICES); an error without CUDA.
     # vLLM stages run on the platform's devices and refuse this key.
     torch_device: Literal["cpu", "cuda"] = "cpu"
+    # Torch stages whose program can step several requests in one pass (Qwen3-Omni's code2wav:
+    # the convolution stack over streams stacked on the batch dimension, within 1 LSB of each
+    # decoded alone) do so. Off by default: on a CPU that pass costs what the streams cost one
+    # by one, and each stream's audio then waits for the whole pass (README, "The pipeline").
+    batch_requests: bool = False
     # CPU platform, vLLM stages: the cores the engine's compute threads are bound to (vLLM's
     # VLLM_CPU_OMP_THREADS_BIND); unset, vLLM binds every engine to the same cores itself.
     cpu_cores: list[NonNegativeInt] | None = None

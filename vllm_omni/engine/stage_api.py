@@ -71,8 +71,9 @@ class BatchedStageProgram(StageProgram, Protocol):
     then hands each round's requests to one `step_batch` instead of one `step` each."""
 
     def step_batch(self, request_ids: list[str], emit: Emit) -> None:
-        """Advance each of `request_ids` (distinct, all holding state) by one step, emitting
-        each request's events as `step` would, request by request in the order given. An
+        """Advance each of `request_ids` (distinct, all holding state, the most urgent first)
+        by one step, emitting each request's events as `step` would, each as soon as they
+        exist (the first request's are not held back by the rest of the call's work). An
         exception fails every request of the call still holding state: their steps may be
         half done, so none can be retried one by one."""
 

@@ -41,7 +41,12 @@ from vllm_omni.models.qwen3_omni.messages import (
 from vllm_omni.models.qwen3_omni.prompt import ThinkerPrompt, render_prompt
 from vllm_omni.models.qwen3_omni.talker_bridge import speaker_codec_id
 from vllm_omni.models.qwen3_omni.tool_calls import CALL_OPEN, QwenToolCallParser, call_schema
-from vllm_omni.models.qwen3_omni.torch_backend.programs import Code2WavProgram, TalkerProgram, ThinkerProgram
+from vllm_omni.models.qwen3_omni.torch_backend.programs import (
+    BatchedCode2WavProgram,
+    Code2WavProgram,
+    TalkerProgram,
+    ThinkerProgram,
+)
 
 DEFAULT_SPEAKER = "ethan"
 
@@ -152,7 +157,8 @@ class Qwen3OmniFamily:
             return ThinkerProgram(self.checkpoint)
         if stage.role == "talker":
             return TalkerProgram(self.checkpoint)
-        return Code2WavProgram(self.checkpoint, self.code2wav_mode, self.chunking.codec_left_context_frames)
+        program = BatchedCode2WavProgram if stage.batch_requests else Code2WavProgram
+        return program(self.checkpoint, self.code2wav_mode, self.chunking.codec_left_context_frames)
 
     def remote_program(self, stage: StageConfig) -> Callable[[], StageProgram | AsyncStageDriver]:
         return functools.partial(_load_stage_program, self.checkpoint.path, self.deploy.model_dump(mode="json"),

@@ -18,7 +18,7 @@ chunk is re-decoded with `left_context` frames before it and the overlap is cut 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Protocol
 
 import torch
@@ -75,23 +75,32 @@ class ExactCode2WavStream:
         return hidden.permute(0, 2, 1)
 
 
-@torch.no_grad()
 def decode_batch(streams: Sequence[Code2WavStream], codes: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """`[stream.decode(c) for stream, c in zip(streams, codes)]`, with the conv stack (the
-    heavy part) run once per group of exact streams that share a `batch_key`: their
-    pre-transformer outputs and held samples stacked on the batch dimension, the held
-    samples split back afterwards. A stream alone in its group, or not exact, decodes as
-    `decode` does (bit-identical); a shared pass differs from it by float rounding only."""
-    samples: list[torch.Tensor | None] = [None] * len(streams)
+    """`[stream.decode(c) for stream, c in zip(streams, codes)]`, computed by `decode_groups`."""
+    samples: list[torch.Tensor] = [torch.zeros(0)] * len(streams)
+    for index, decoded in decode_groups(streams, codes):
+        samples[index] = decoded
+    return samples
+
+
+@torch.no_grad()
+def decode_groups(streams: Sequence[Code2WavStream],
+                  codes: Sequence[torch.Tensor]) -> Iterator[tuple[int, torch.Tensor]]:
+    """Each stream's `decode(codes[i])` as (i, samples), with the conv stack (the heavy part)
+    run once per group of exact streams that share a `batch_key`: their pre-transformer
+    outputs and held samples stacked on the batch dimension, the held samples split back
+    afterwards. Groups go in the order of their first member and each is yielded as soon as
+    it is decoded, so the first stream (the step worker puts the listener closest to running
+    dry first) is not held back by the rest of the round. A stream alone in its group, or
+    not exact, decodes as `decode` does (bit-identical); a shared pass differs from it by
+    float rounding only."""
     groups: dict[Hashable, list[int]] = {}
     for i, (stream, chunk) in enumerate(zip(streams, codes, strict=True)):
-        if isinstance(stream, ExactCode2WavStream) and chunk.shape[-1]:
-            groups.setdefault(stream.batch_key(chunk.shape[-1]), []).append(i)
-        else:
-            samples[i] = stream.decode(chunk)
+        shareable = isinstance(stream, ExactCode2WavStream) and chunk.shape[-1]
+        groups.setdefault(stream.batch_key(chunk.shape[-1]) if shareable else ("alone", i), []).append(i)
     for members in groups.values():
         if len(members) == 1:
-            samples[members[0]] = streams[members[0]].decode(codes[members[0]])
+            yield members[0], streams[members[0]].decode(codes[members[0]])
             continue
         group = [streams[i] for i in members]
         hidden = torch.cat([stream._transform(codes[i]) for stream, i in zip(group, members, strict=True)])
@@ -99,8 +108,7 @@ def decode_batch(streams: Sequence[Code2WavStream], codes: Sequence[torch.Tensor
         decoded = _ConvPass(held).run(group[0].model, hidden)
         for row, (stream, i) in enumerate(zip(group, members, strict=True)):
             stream._held = {key: rows[row:row + 1] for key, rows in held.items()}
-            samples[i] = decoded[row]
-    return samples
+            yield i, decoded[row]
 
 
 class _ConvPass:

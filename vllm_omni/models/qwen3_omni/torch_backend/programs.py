@@ -22,7 +22,7 @@ from vllm_omni.models.qwen3_omni.messages import (
 from vllm_omni.models.qwen3_omni.talker_bridge import ThinkerToTalkerBridge
 from vllm_omni.models.qwen3_omni.torch_backend.code2wav import (
     Code2WavStream,
-    decode_batch,
+    decode_groups,
     make_code2wav_stream,
 )
 from vllm_omni.models.qwen3_omni.torch_backend.talker import TalkerSequence, TorchTalker
@@ -179,14 +179,6 @@ class Code2WavProgram:
         chunk = self._pending[request_id].popleft()
         self._deliver(request_id, chunk, self._streams[request_id].decode(chunk.frames), emit)
 
-    def step_batch(self, request_ids: list[str], emit: Emit) -> None:
-        """One pending chunk of each request, their conv stacks shared where the streams
-        allow (`decode_batch`); the events are those `step` would emit, request by request."""
-        chunks = [self._pending[rid].popleft() for rid in request_ids]
-        decoded = decode_batch([self._streams[rid] for rid in request_ids], [chunk.frames for chunk in chunks])
-        for request_id, chunk, samples in zip(request_ids, chunks, decoded, strict=True):
-            self._deliver(request_id, chunk, samples, emit)
-
     def _deliver(self, request_id: str, chunk: CodecChunk, samples: torch.Tensor, emit: Emit) -> None:
         if samples.numel():
             self._chunks_out[request_id] += 1
@@ -194,3 +186,17 @@ class Code2WavProgram:
         if chunk.final:
             emit(request_id, StageDone("stop", self._chunks_out[request_id]))
             self.drop(request_id)
+
+
+class BatchedCode2WavProgram(Code2WavProgram):
+    """Code2WavProgram stepping a round's requests in one call (engine/stage_api.py's
+    BatchedStageProgram), for stages with `batch_requests` (config/schema.py)."""
+
+    def step_batch(self, request_ids: list[str], emit: Emit) -> None:
+        """One pending chunk of each request, their conv stacks shared where the streams
+        allow (`decode_groups`); each request's events are those `step` would emit, sent as
+        soon as its group is decoded, the first request's group first."""
+        chunks = [self._pending[rid].popleft() for rid in request_ids]
+        decoded = decode_groups([self._streams[rid] for rid in request_ids], [chunk.frames for chunk in chunks])
+        for index, samples in decoded:
+            self._deliver(request_ids[index], chunks[index], samples, emit)
