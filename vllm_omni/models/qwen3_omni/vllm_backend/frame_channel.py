@@ -15,13 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import tempfile
-import uuid
-from typing import Any
 
-import zmq
-import zmq.asyncio
+from vllm_omni.models.qwen3_omni.vllm_backend.ipc_channel import PullChannel, new_ipc_address, push_socket
 
 logger = logging.getLogger(__name__)
 
@@ -34,50 +29,28 @@ def ends_request(code0: int, sampled: int, eos_token_id: int, max_tokens: int) -
     return code0 == eos_token_id or sampled >= max_tokens
 
 
-def new_ipc_address(kind: str) -> str:
-    """A fresh `ipc://` address for a driver's socket (`kind` names it: frames, rows)."""
-    return f"ipc://{os.path.join(tempfile.gettempdir(), f'vllm-omni-{kind}-{uuid.uuid4().hex[:12]}')}"
-
-
 def new_frame_address() -> str:
     return new_ipc_address("frames")
-
-
-def unlink_ipc(address: str) -> None:
-    """Remove a closed `ipc://` socket's file."""
-    path = address.removeprefix("ipc://")
-    if os.path.exists(path):
-        os.unlink(path)
 
 
 class FrameSender:
     """The worker's end: pushes frames, never blocks the step (a message queues in ZeroMQ)."""
 
     def __init__(self, address: str):
-        self._socket = zmq.Context.instance().socket(zmq.PUSH)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.connect(address)
+        self._socket = push_socket(address)
 
     def send(self, frames: dict[str, list[list[int]]]) -> None:
         if frames:
             self._socket.send_json(frames)
 
 
-class FrameReceiver:
+class FrameReceiver(PullChannel):
     """The driver's end: one reader task files incoming frames under their request, for the
     requests that are open (frames of a request no longer open are dropped)."""
 
     def __init__(self, address: str):
-        self.address = address
-        self._socket: Any = None
-        self._reader: asyncio.Task | None = None
+        super().__init__(address)
         self._queues: dict[str, asyncio.Queue] = {}
-
-    def start(self) -> None:
-        self._socket = zmq.asyncio.Context.instance().socket(zmq.PULL)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.bind(self.address)
-        self._reader = asyncio.create_task(self._read())
 
     def open(self, request_id: str) -> asyncio.Queue:
         """The request's frame queue (open it before the request reaches the engine)."""
@@ -98,12 +71,3 @@ class FrameReceiver:
                 if queue is not None:
                     for frame in frames:
                         queue.put_nowait(frame)
-
-    def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            self._reader = None
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
-        unlink_ipc(self.address)

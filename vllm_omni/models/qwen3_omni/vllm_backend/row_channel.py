@@ -22,11 +22,9 @@ import logging
 from typing import Any
 
 import torch
-import zmq
-import zmq.asyncio
 
 from vllm_omni.engine.backends.vllm.tensor_wire import tensor_from_wire, tensor_to_wire
-from vllm_omni.models.qwen3_omni.vllm_backend.frame_channel import new_ipc_address, unlink_ipc
+from vllm_omni.models.qwen3_omni.vllm_backend.ipc_channel import PullChannel, new_ipc_address, push_socket
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +45,7 @@ class RowSender:
     """The worker's end: pushes rows, never blocks the step (a message queues in ZeroMQ)."""
 
     def __init__(self, address: str):
-        self._socket = zmq.Context.instance().socket(zmq.PUSH)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.connect(address)
+        self._socket = push_socket(address)
 
     def send(self, request_id: str, rows: torch.Tensor) -> None:
         header = tensor_to_wire(rows)
@@ -57,21 +53,13 @@ class RowSender:
         self._socket.send_multipart([request_id.encode(), json.dumps(header).encode(), data], copy=False)
 
 
-class RowReceiver:
+class RowReceiver(PullChannel):
     """The driver's end: one reader task hands incoming rows to the requests waiting for
     them (rows of a request not open are dropped)."""
 
     def __init__(self, address: str):
-        self.address = address
-        self._socket: Any = None
-        self._reader: asyncio.Task | None = None
+        super().__init__(address)
         self._waiting: dict[str, asyncio.Future] = {}
-
-    def start(self) -> None:
-        self._socket = zmq.asyncio.Context.instance().socket(zmq.PULL)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.bind(self.address)
-        self._reader = asyncio.create_task(self._read())
 
     def open(self, request_id: str) -> asyncio.Future:
         """The future of the request's rows [P, 2, H] (open it before the request reaches the engine)."""
@@ -97,12 +85,3 @@ class RowReceiver:
                 logger.warning("thinker row channel: unreadable message (%s)", bad)
                 continue
             self.deliver(request_id.decode(), rows)
-
-    def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            self._reader = None
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
-        unlink_ipc(self.address)
