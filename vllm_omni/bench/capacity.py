@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_omni.bench.report import pyplot, write_json
+from vllm_omni.bench.report import percentile_series, pyplot, save_figure, write_json
 from vllm_omni.client.playback import PLAYOUT_BUFFERS_MS
 
 Row = dict[str, Any]  # a level's row (bench/realtime.py's `level_row`)
@@ -143,7 +143,7 @@ def write_plot(rows: list[Row], target: Target, path: Path) -> Path:
                "playable start p95", "ms"),
               (axes[1], "rtf", target.max_rtf_p95, "real-time factor p95", "generation time / audio duration"))
     for axis, key, limit, title, unit in panels:
-        values = [row[key]["p95"] if row[key]["p95"] is not None else float("nan") for row in ordered]
+        values = percentile_series(ordered, key, "p95")
         axis.plot(sessions, values, color="tab:blue", linewidth=1)
         for verdict, marker in (("pass", "o"), ("fail", "x")):
             chosen = [(n, v) for n, v, row in zip(sessions, values, ordered, strict=True) if row["verdict"] == verdict]
@@ -153,10 +153,7 @@ def write_plot(rows: list[Row], target: Target, path: Path) -> Path:
         axis.set(title=title, xlabel="concurrent sessions", ylabel=unit, xticks=sessions)
         axis.legend()
         axis.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 def write_results(rows: list[Row], capacity: int, target: Target, settings: dict[str, Any],

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vllm_omni.bench.report import pyplot, write_json
+from vllm_omni.bench.report import percentile_series, pyplot, save_figure, write_json
 from vllm_omni.client.native_duplex import NativeSessionResult, clip_units, run_native_session
 from vllm_omni.client.timing import summarize
 
@@ -78,14 +78,10 @@ def write_plot(rows: list[dict[str, Any]], path: Path) -> Path:
     for axis, key, title in zip(axes, ("decision_lag_ms", "ttfp_ms"),
                                 ("decision lag (unit audio sent → decision)", "TTFP (unit audio sent → audio)"),
                                 strict=True):
-        p50 = [row[key]["p50"] if row[key]["p50"] is not None else float("nan") for row in rows]
-        p95 = [row[key]["p95"] if row[key]["p95"] is not None else float("nan") for row in rows]
+        p50, p95 = percentile_series(rows, key, "p50"), percentile_series(rows, key, "p95")
         axis.errorbar(sessions, p50, yerr=[[0] * len(p50), [b - a for a, b in zip(p50, p95, strict=True)]],
                       marker="o", capsize=4)
         axis.set(title=title, xlabel="concurrent sessions", ylabel="ms", xticks=sessions)
         axis.grid(alpha=0.3)
     axes[0].axhline(UNIT_PERIOD_MS, color="grey", linewidth=0.8, linestyle="--")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)

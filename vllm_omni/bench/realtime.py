@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from vllm_omni.bench.report import Progress, pyplot, run_levels, write_json
+from vllm_omni.bench.report import Progress, percentile_series, pyplot, run_levels, save_figure, write_json
 from vllm_omni.client.barge_in import CANCELLED, run_barge_in_session
 from vllm_omni.client.playback import PLAYOUT_BUFFERS_MS
 from vllm_omni.client.timing import summarize
@@ -202,10 +202,6 @@ def format_table(results: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def _percentile(rows: Sequence[dict[str, Any]], key: str, percentile: str) -> list[float]:
-    return [row[key][percentile] if row[key][percentile] is not None else float("nan") for row in rows]
-
-
 def write_plot(results: dict[str, list[dict[str, Any]]], path: Path) -> Path:
     """TTFP beside the playable start, and RTF (p50 with a p95 whisker), against the number of
     concurrent sessions."""
@@ -216,7 +212,7 @@ def write_plot(results: dict[str, list[dict[str, Any]]], path: Path) -> Path:
     for name, rows in results.items():
         sessions = [row["sessions"] for row in rows]
         for axis, key, style, label in panels:
-            p50, p95 = _percentile(rows, key, "p50"), _percentile(rows, key, "p95")
+            p50, p95 = percentile_series(rows, key, "p50"), percentile_series(rows, key, "p95")
             axis.errorbar(sessions, p50, yerr=[[0] * len(p50), [b - a for a, b in zip(p50, p95, strict=True)]],
                           marker="o", capsize=4, linestyle=style, label=name + label)
     axes[0].set(title="first audio, playable start (p50, whisker to p95)", xlabel="concurrent sessions", ylabel="ms")
@@ -228,10 +224,7 @@ def write_plot(results: dict[str, list[dict[str, Any]]], path: Path) -> Path:
         axis.set_xticks(levels)
         axis.legend()
         axis.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 def write_results(results: dict[str, list[dict[str, Any]]], settings: dict[str, Any], out_dir: Path) -> list[Path]:

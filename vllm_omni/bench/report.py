@@ -28,6 +28,19 @@ def pyplot() -> Any:
     return plt
 
 
+def percentile_series(rows: Sequence[dict[str, Any]], key: str, percentile: str) -> list[float]:
+    """`row[key][percentile]` of each row, NaN where it is missing (matplotlib leaves a gap)."""
+    return [row[key][percentile] if row[key][percentile] is not None else float("nan") for row in rows]
+
+
+def save_figure(figure: Any, path: Path) -> Path:
+    """Lay out `figure`, write it as a PNG to `path`, release it."""
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    pyplot().close(figure)
+    return path
+
+
 class Answer(Protocol):
     """A finished answer of a benchmark session (client/turns.py's TurnResult, client/chat.py's ChatTurn)."""
 

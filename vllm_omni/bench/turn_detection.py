@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from vllm_omni.audio.silero_vad import RATE, SileroModel, VadConfig, VadDetector
-from vllm_omni.bench.report import pyplot, write_json
+from vllm_omni.bench.report import pyplot, save_figure, write_json
 from vllm_omni.client.connection import RealtimeConnection
 from vllm_omni.client.session_setup import ga_session_update
 from vllm_omni.client.streaming import append_events
@@ -140,7 +140,4 @@ def write_plot(rows: list[dict[str, Any]], path: Path) -> Path:
     axis.set_xticks(range(len(settings)), settings)
     axis.set(title="end of speech → turn committed", ylabel="ms")
     axis.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)

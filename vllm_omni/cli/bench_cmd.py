@@ -223,12 +223,13 @@ def run_capacity_bench(args: argparse.Namespace) -> int:
     from vllm_omni.bench import chat, realtime
     from vllm_omni.bench.capacity import Target, capacity_line, format_table, search_capacity, write_results
     from vllm_omni.bench.report import run_levels
+    from vllm_omni.client.timing import pcm16_ms
     from vllm_omni.client.url import chat_base_url, realtime_url
     from vllm_omni.client.wav import WavError, read_pcm16
 
     try:
         pcm = read_pcm16(args.wav)
-        spread_s = len(pcm) / 32000 if args.arrival_spread_s is None else args.arrival_spread_s  # 16 kHz PCM16
+        spread_s = pcm16_ms(len(pcm), 16000) / 1000 if args.arrival_spread_s is None else args.arrival_spread_s
         if args.turns < 1 or args.start < 1 or args.max_sessions < args.start or spread_s < 0:
             raise ValueError(f"need --turns ≥ 1, 1 ≤ --start ≤ --max-sessions and --arrival-spread-s ≥ 0 (got "
                              f"{args.turns}, {args.start}, {args.max_sessions}, {spread_s})")

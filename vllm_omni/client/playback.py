@@ -65,8 +65,8 @@ def playback_metrics(chunks: Sequence[tuple[float, float]], ttfp_ms: float | Non
         if runs_dry_at is not None:
             buffers.append(max(runs_dry_at - arrival, 0.0))
         runs_dry_at = max(arrival if runs_dry_at is None else runs_dry_at, arrival) + duration
-    stall_count, stall_ms = buffered_stalls(chunks, 0)
     at_buffer = {str(ms): buffered_stalls(chunks, ms) for ms in PLAYOUT_BUFFERS_MS}
+    stall_count, stall_ms = at_buffer["0"]  # the player above (PLAYOUT_BUFFERS_MS starts at 0)
     delay = start_delay_ms(chunks)
     return {"stall_count": stall_count, "stall_ms": stall_ms,
             "min_buffer_ms": min(buffers) if buffers else None, "start_delay_ms": delay,

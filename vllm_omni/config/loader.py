@@ -209,16 +209,15 @@ def _stage_rules(config: DeployConfig) -> list[str]:
                 f"runs inside the server's process; got backend {stage.backend!r})"
                 for i, stage in enumerate(config.stages)
                 if stage.restart_on_failure and stage.backend != "vllm" and config.ray is None]
-    nices = [f"stages[{i}].nice: needs backend 'vllm' (it is the niceness of a vLLM engine's processes; "
-             f"got backend {stage.backend!r})"
-             for i, stage in enumerate(config.stages) if stage.nice and stage.backend != "vllm"]
-    gpus = [f"stages[{i}].torch_device: needs backend 'torch' (a vLLM stage runs on the platform's devices; "
-            f"got backend {stage.backend!r})"
-            for i, stage in enumerate(config.stages) if stage.torch_device != "cpu" and stage.backend != "torch"]
-    batched = [f"stages[{i}].batch_requests: needs backend 'torch' (a vLLM engine batches its requests itself; "
-               f"got backend {stage.backend!r})"
-               for i, stage in enumerate(config.stages) if stage.batch_requests and stage.backend != "torch"]
-    return restarts + nices + gpus + batched
+    backend_keys = (  # key, the backend it needs, whether a stage sets it, why
+        ("nice", "vllm", lambda stage: stage.nice, "it is the niceness of a vLLM engine's processes"),
+        ("torch_device", "torch", lambda stage: stage.torch_device != "cpu",
+         "a vLLM stage runs on the platform's devices"),
+        ("batch_requests", "torch", lambda stage: stage.batch_requests, "a vLLM engine batches its requests itself"))
+    misplaced = [f"stages[{i}].{key}: needs backend '{backend}' ({why}; got backend {stage.backend!r})"
+                 for key, backend, is_set, why in backend_keys
+                 for i, stage in enumerate(config.stages) if is_set(stage) and stage.backend != backend]
+    return restarts + misplaced
 
 
 def load_deploy_config(path: str | os.PathLike[str], platform: str | None = None) -> DeployConfig:
