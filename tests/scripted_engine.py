@@ -19,6 +19,7 @@ import numpy as np
 
 from tests.conftest import audio_fixture_path
 from vllm_omni.audio.formats import AudioFormat
+from vllm_omni.audio.pcm import MODEL_RATE, StreamingResampler
 from vllm_omni.engine.request import (
     AudioChunk,
     AudioInputStream,
@@ -218,6 +219,13 @@ def pcm16_b64(seconds: float, amplitude: float = 0.0, rate: int = 16000) -> str:
     """`seconds` of a 220 Hz tone (silence at amplitude 0) as base64 PCM16."""
     t = np.arange(int(rate * seconds)) / rate
     return base64.b64encode((np.sin(2 * np.pi * 220 * t) * amplitude * 32767).astype("<i2").tobytes()).decode()
+
+
+def streamed_at_16k(seconds: float, rate: int) -> int:
+    """How many 16 kHz samples `seconds` appended at `rate` put on the timeline before a commit:
+    all but the few ms the band-limited resampler holds back (audio/pcm.py)."""
+    return StreamingResampler(rate, MODEL_RATE).process(np.zeros(int(rate * seconds))).size if rate != MODEL_RATE \
+        else int(rate * seconds)
 
 
 def speech_appends(name: str, trailing_silence_s: float = 0.0, chunk_ms: int = 100) -> list[dict]:

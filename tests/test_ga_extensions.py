@@ -16,6 +16,7 @@ from tests.scripted_engine import (
     Text,
     pcm16_b64,
     speech_appends,
+    streamed_at_16k,
     turn_session,
 )
 from vllm_omni.audio.formats import AudioFormat
@@ -136,10 +137,11 @@ async def test_the_input_format_echo_is_ga_or_absent(session_update: dict, echo:
 async def test_a_session_without_its_own_rate_hears_24_khz() -> None:
     session, _, events = turn_session(input_format=AudioFormat("pcm16", 24000))
     await session.handle({"type": "input_audio_buffer.append", "audio": pcm16_b64(0.3, 0.1, rate=24000)})
-    assert session.input.timeline == 4800
+    heard = streamed_at_16k(0.3, 24000)
+    assert 4800 - 16 * 5 < heard < 4800 and session.input.timeline == heard  # 0.3 s at 16 kHz, less < 5 ms held
     await session.handle({"type": "input_audio_buffer.append", "audio": pcm16_b64(0.3, 0.1),
                           "sample_rate_hz": 16000})  # a rate of its own: not within one session
-    assert events.last("error")["error"]["code"] == "bad_event" and session.input.timeline == 4800
+    assert events.last("error")["error"]["code"] == "bad_event" and session.input.timeline == heard
 
 
 async def test_the_factory_greets_in_pure_ga_and_leaves_the_legacy_lane_its_vocabulary() -> None:

@@ -17,7 +17,7 @@ import websockets
 from tests.conftest import read_fixture_pcm
 from tests.ga_conformance import ga_problems
 from tests.realtime_helpers import MODEL_NAME, Client, connect, running_server
-from vllm_omni.audio.resample import StreamingResampler
+from vllm_omni.audio.pcm import resample
 
 GA_RATE = 24000  # GA's audio/pcm: the client says no rate, the server assumes this one
 
@@ -32,7 +32,7 @@ def server(tiny_loaded):
 
 def speech(name: str, trailing_silence_s: float = 0.0) -> list[dict]:
     """A 16 kHz test recording as GA appends: 24 kHz PCM16 in 100 ms chunks, no rate given."""
-    samples = StreamingResampler(16000, GA_RATE).process(read_fixture_pcm(name))
+    samples = resample(read_fixture_pcm(name), 16000, GA_RATE)
     samples = np.concatenate([samples, np.zeros(int(GA_RATE * trailing_silence_s), np.float32)])
     pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
     step = GA_RATE * 2 // 10

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from tests.ga_conformance import ga_problems
-from tests.scripted_engine import Audio, Stall, Text, Wait, pcm16_b64, speech_appends, turn_session
+from tests.scripted_engine import Audio, Stall, Text, Wait, pcm16_b64, speech_appends, streamed_at_16k, turn_session
 from vllm_omni.protocol.session_config import TurnDetection
 from vllm_omni.session.base import SessionOptions
 
@@ -116,12 +116,12 @@ async def test_append_formats_rates_and_bad_audio() -> None:
     session, _, events = turn_session()
     await session.handle({"type": "input_audio_buffer.append", "delta": pcm16_b64(0.5, 0.1, rate=24000),
                           "sample_rate_hz": 24000})  # `delta` spelling, resampled to 16 kHz
-    assert session.input.timeline == 8000
+    assert session.input.timeline == streamed_at_16k(0.5, 24000)
     await session.handle({"type": "input_audio_buffer.append", "event_id": "r", "audio": pcm16_b64(0.5)})
     assert events.last("error")["error"]["code"] == "bad_event"  # 16 kHz now: the rate is the session's
     await session.handle({"type": "input_audio_buffer.append", "audio": pcm16_b64(0.5, rate=24000),
                           "sample_rate_hz": 24000})
-    assert session.input.timeline == 16000
+    assert session.input.timeline == streamed_at_16k(1.0, 24000)
     bad = [({"audio": "***"}, "bad_audio", "audio"), ({}, "missing_required_parameter", "audio"),
            ({"audio": pcm16_b64(0.1), "sample_rate_hz": 4000}, "bad_event", "sample_rate_hz"),
            ({"audio": pcm16_b64(0.1), "format": "mp3"}, "unsupported_audio_format", "input_audio_format"),
@@ -130,7 +130,7 @@ async def test_append_formats_rates_and_bad_audio() -> None:
         await session.handle({"type": "input_audio_buffer.append", "event_id": "a", **fields})
         error = events.last("error")["error"]
         assert (error["code"], error["param"], error["event_id"]) == (code, param, "a"), fields
-    assert session.input.timeline == 16000  # refused appends added nothing
+    assert session.input.timeline == streamed_at_16k(1.0, 24000)  # refused appends added nothing
 
 
 async def test_commit_fan_out_feeds_the_stream_and_carries_transcript_hints() -> None:

@@ -21,14 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from vllm_omni.audio.model_files import ModelFileUnavailableError, SharedOnnxModel, checked, configured, packaged
+from vllm_omni.audio.pcm import MODEL_RATE
 
 logger = logging.getLogger(__name__)
 
 SMART_TURN_DISTRIBUTION = "pipecat-ai"
 SMART_TURN_FILE = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
 SMART_TURN_SHA256 = "2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f"
-RATE = 16000
-WINDOW_SAMPLES = 8 * RATE
+WINDOW_SAMPLES = 8 * MODEL_RATE
 FINISHED_PROBABILITY = 0.5  # the model's own decision threshold
 JUDGE_TIMEOUT_S = 2.0  # a later verdict is not waited for: the turn then ends at its longest pause
 
@@ -56,7 +56,7 @@ class EndOfTurnModel(SharedOnnxModel):
         from transformers import WhisperFeatureExtractor
 
         super().__init__(path)
-        self._features = WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, chunk_length=8)
+        self._features = WhisperFeatureExtractor(feature_size=80, sampling_rate=MODEL_RATE, chunk_length=8)
 
     @classmethod
     def resolve(cls, configured_path: str | None) -> Path:
@@ -66,7 +66,7 @@ class EndOfTurnModel(SharedOnnxModel):
         """P(the speaker finished their turn) for 16 kHz float32 speech ending at a pause."""
         window = audio[-WINDOW_SAMPLES:].astype(np.float32, copy=False)
         window = np.pad(window, (WINDOW_SAMPLES - window.size, 0))
-        features = self._features(window, sampling_rate=RATE, padding="max_length", max_length=WINDOW_SAMPLES,
+        features = self._features(window, sampling_rate=MODEL_RATE, padding="max_length", max_length=WINDOW_SAMPLES,
                                   truncation=True, do_normalize=True, return_tensors="np").input_features
         logits = self._session.run(None, {"input_features": features.astype(np.float32)})[0]
         return float(logits[0, 0])  # the output named "logits" is already a probability (a sigmoid)

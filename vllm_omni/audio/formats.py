@@ -1,18 +1,25 @@
-"""Wire audio formats: names, base64, decoding to 16 kHz float32, encoding model output."""
+"""Wire audio formats: names, base64, decoding to the model rate, encoding model output (the
+samples themselves, their rates and resampling are audio/pcm.py's)."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-import io
-import struct
-import wave
 from dataclasses import dataclass
 
 import numpy as np
 
-from vllm_omni.audio.pcm import float_to_pcm16
-from vllm_omni.audio.resample import StreamingResampler
+from vllm_omni.audio.pcm import (
+    MAX_RATE,
+    MIN_RATE,
+    MODEL_RATE,
+    AudioDataError,
+    StreamingResampler,
+    float_to_pcm16,
+    pcm16_to_float,
+    resample,
+    wav_bytes,
+)
 
 INPUT_SPELLINGS = {
     "pcm16": ("pcm16", "pcm_s16le", "s16le", "pcm", "audio/pcm", "audio/pcm16"),
@@ -26,19 +33,13 @@ OUTPUT_SPELLINGS = {
     "g711_ulaw": INPUT_SPELLINGS["g711_ulaw"],
     "g711_alaw": INPUT_SPELLINGS["g711_alaw"],
 }
-DEFAULT_RATES = {"pcm16": 16000, "pcm_f32le": 16000, "g711_ulaw": 8000, "g711_alaw": 8000, "wav": 24000}
+DEFAULT_RATES = {"pcm16": MODEL_RATE, "pcm_f32le": MODEL_RATE, "g711_ulaw": 8000, "g711_alaw": 8000, "wav": 24000}
 GA_FORMAT_TYPES = {"pcm16": "audio/pcm", "pcm_f32le": "audio/pcm_f32le", "g711_ulaw": "audio/pcmu",
                    "g711_alaw": "audio/pcma", "wav": "audio/wav"}
-MIN_RATE, MAX_RATE = 8000, 192000
-MODEL_RATE = 16000
 
 
 class AudioFormatError(ValueError):
     """An unknown or unsupported format name."""
-
-
-class AudioDataError(ValueError):
-    """Audio bytes that cannot be decoded (bad base64, partial samples)."""
 
 
 def canonical_format(name: str, table: dict[str, tuple[str, ...]] = INPUT_SPELLINGS) -> str:
@@ -114,7 +115,7 @@ def bytes_to_float(data: bytes, fmt: AudioFormat) -> np.ndarray:
     if fmt.name == "pcm16":
         if len(data) % 2:
             raise AudioDataError("pcm16 audio could not be decoded: odd number of bytes")
-        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+        return pcm16_to_float(data)
     if fmt.name == "pcm_f32le":
         if len(data) % 4:
             raise AudioDataError("pcm_f32le audio length must be a multiple of 4 bytes")
@@ -123,6 +124,11 @@ def bytes_to_float(data: bytes, fmt: AudioFormat) -> np.ndarray:
             raise AudioDataError("pcm_f32le audio contains NaN or infinite samples")
         return np.clip(samples, -1.0, 1.0)  # louder than full scale is clipped, as a DAC would
     return _g711_to_float(data, "ulaw" if fmt.name == "g711_ulaw" else "alaw")
+
+
+def decode_to_model_rate(data: bytes, fmt: AudioFormat) -> np.ndarray:
+    """A whole clip of wire bytes in `fmt` as float32 samples at the model rate."""
+    return resample(bytes_to_float(data, fmt), fmt.rate, MODEL_RATE)
 
 
 class InputConverter:
@@ -143,42 +149,45 @@ class InputConverter:
             self._resampler = StreamingResampler(fmt.rate, MODEL_RATE)
         return self._resampler.process(samples)
 
+    def flush(self) -> np.ndarray:
+        """The resampler's held-back last few ms (a commit takes all appended audio); the next
+        append starts a fresh stream at the same rate."""
+        resampler, self._resampler = self._resampler, None
+        return resampler.flush() if resampler is not None else np.zeros(0, dtype=np.float32)
+
+
+class OutputEncoder:
+    """Per-answer encoding of the model's PCM16 chunks in the session's output format, one
+    resampler for the whole answer (state carried across chunks; the last chunk flushes it)."""
+
+    def __init__(self, fmt: AudioFormat) -> None:
+        self.fmt = fmt
+        self._resampler: StreamingResampler | None = None
+        self._delivered, self._rate = 0, 0  # samples encoded so far, and their rate
+
+    @property
+    def delivered_ms(self) -> int:
+        """How much audio the encoded chunks have carried so far."""
+        return self._delivered * 1000 // self._rate if self._rate else 0
+
+    def encode(self, samples_pcm16: bytes, source_rate: int, *, final: bool = False) -> tuple[bytes, int]:
+        """This chunk in the output format (a G.711 chunk may hold a few ms less or, when
+        `final`, more than it was given: the resampler's hold-back); returns bytes and rate."""
+        samples = pcm16_to_float(samples_pcm16)
+        if self.fmt.name in ("pcm16", "wav"):
+            self._delivered, self._rate = self._delivered + samples.size, source_rate
+            return (samples_pcm16 if self.fmt.name == "pcm16" else wav_bytes(samples_pcm16, source_rate)), source_rate
+        if self.fmt.rate != source_rate:
+            if self._resampler is None:
+                self._resampler = StreamingResampler(source_rate, self.fmt.rate)
+            samples = self._resampler.process(samples)
+            if final:
+                samples = np.concatenate([samples, self._resampler.flush()])
+                self._resampler = None
+        self._delivered, self._rate = self._delivered + samples.size, self.fmt.rate
+        return _float_to_g711(samples, "ulaw" if self.fmt.name == "g711_ulaw" else "alaw"), self.fmt.rate
+
 
 def encode_output(samples_pcm16: bytes, source_rate: int, fmt: AudioFormat) -> tuple[bytes, int]:
-    """Model PCM16 (at `source_rate`) in the requested output format; returns bytes and rate."""
-    if fmt.name == "pcm16":
-        return samples_pcm16, source_rate
-    if fmt.name == "wav":
-        buffer = io.BytesIO()
-        with wave.open(buffer, "wb") as out:
-            out.setnchannels(1)
-            out.setsampwidth(2)
-            out.setframerate(source_rate)
-            out.writeframes(samples_pcm16)
-        return buffer.getvalue(), source_rate
-    floats = np.frombuffer(samples_pcm16, dtype="<i2").astype(np.float32) / 32768.0
-    resampled = StreamingResampler(source_rate, fmt.rate).process(floats) if fmt.rate != source_rate else floats
-    return _float_to_g711(resampled, "ulaw" if fmt.name == "g711_ulaw" else "alaw"), fmt.rate
-
-
-def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
-    """A 16-bit PCM WAV file as mono float32 samples (channels averaged) and its rate."""
-    try:
-        with wave.open(io.BytesIO(data)) as wav:
-            width, channels, rate = wav.getsampwidth(), wav.getnchannels(), wav.getframerate()
-            frames = wav.readframes(wav.getnframes())
-    except (wave.Error, EOFError, struct.error) as exc:
-        raise AudioDataError(f"not a WAV file ({exc})") from None
-    if width != 2:
-        raise AudioDataError(f"WAV audio must be 16-bit PCM, got {8 * width}-bit samples")
-    try:
-        check_rate(rate, "the WAV's sample rate")
-    except ValueError as exc:
-        raise AudioDataError(str(exc)) from None
-    samples = np.frombuffer(frames[:len(frames) - len(frames) % (2 * channels)], dtype="<i2")
-    return samples.reshape(-1, channels).mean(axis=1).astype(np.float32) / 32768.0, rate
-
-
-def to_model_rate(samples: np.ndarray, rate: int) -> np.ndarray:
-    """Samples at `rate` resampled to the rate the models hear."""
-    return samples if rate == MODEL_RATE else StreamingResampler(rate, MODEL_RATE).process(samples)
+    """A whole answer's PCM16 (at `source_rate`) in the output format; returns bytes and rate."""
+    return OutputEncoder(fmt).encode(samples_pcm16, source_rate, final=True)

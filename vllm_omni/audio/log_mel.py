@@ -17,16 +17,17 @@ import numpy as np
 import torch
 from transformers.audio_utils import mel_filter_bank
 
+from vllm_omni.audio.pcm import MODEL_RATE
+
 N_FFT = 400
 HOP = 160
 HALF_WINDOW = N_FFT // 2
 N_MELS = 128
-SAMPLE_RATE = 16000
 
 
 def _whisper_mel_filters() -> torch.Tensor:
     filters = mel_filter_bank(num_frequency_bins=1 + N_FFT // 2, num_mel_filters=N_MELS,
-                              min_frequency=0.0, max_frequency=8000.0, sampling_rate=SAMPLE_RATE,
+                              min_frequency=0.0, max_frequency=8000.0, sampling_rate=MODEL_RATE,
                               norm="slaney", mel_scale="slaney")
     return torch.from_numpy(filters).to(torch.float32)  # [201, 128]
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from vllm_omni.audio.model_files import ModelFileUnavailableError, SharedOnnxModel, checked, configured, packaged
+from vllm_omni.audio.pcm import MODEL_RATE
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +28,6 @@ SILERO_SHA256 = "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e
 MIN_THRESHOLD = 0.15
 FRAME = 512  # samples at 16 kHz = 32 ms
 CONTEXT = 64
-RATE = 16000
 
 
 class ServerVADUnavailableError(ModelFileUnavailableError):
@@ -72,7 +72,7 @@ class SileroModel(SharedOnnxModel):
     def score(self, window: np.ndarray, state: np.ndarray) -> tuple[float, np.ndarray]:
         """Speech probability of one [1, 576] window; returns it and the next state."""
         prob, next_state = self._session.run(
-            None, {"input": window, "state": state, "sr": np.array(RATE, dtype=np.int64)})
+            None, {"input": window, "state": state, "sr": np.array(MODEL_RATE, dtype=np.int64)})
         return float(prob[0, 0]), next_state
 
 
@@ -107,7 +107,7 @@ class VadResult:
 
 
 def samples_to_ms(samples: int) -> int:
-    return round(samples * 1000 / RATE)
+    return round(samples * 1000 / MODEL_RATE)
 
 
 class VadDetector:

@@ -3,15 +3,11 @@ bare base64, decoded to 16 kHz mono float32."""
 
 from __future__ import annotations
 
-import io
-import wave
-
 import numpy as np
 
-from vllm_omni.audio.formats import AudioDataError, decode_base64
-from vllm_omni.audio.resample import StreamingResampler
+from vllm_omni.audio.formats import decode_base64
+from vllm_omni.audio.pcm import MODEL_RATE, AudioDataError, read_wav, resample
 
-MODEL_RATE = 16000
 MAX_PROMPT_S = 30.0
 DATA_URL_PREFIX = "data:audio/"
 
@@ -28,18 +24,11 @@ def decode_voice_prompt(value: str) -> np.ndarray:
     except AudioDataError:
         raise ValueError("ref_audio is not valid base64") from None
     try:
-        with wave.open(io.BytesIO(data), "rb") as wav:
-            channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
-            frames = wav.readframes(wav.getnframes())
-    except (wave.Error, EOFError) as exc:
-        raise ValueError(f"ref_audio is not an uncompressed PCM WAV file ({exc})") from None
-    if width != 2:
-        raise ValueError(f"ref_audio has {8 * width}-bit samples; send 16-bit PCM")
-    samples = np.frombuffer(frames, "<i2").reshape(-1, channels).mean(axis=1).astype(np.float32) / 32768.0
+        samples, rate = read_wav(data)
+    except AudioDataError as exc:
+        raise ValueError(f"ref_audio: {exc}") from None
     if samples.size == 0:
         raise ValueError("ref_audio holds no samples")
     if samples.size / rate > MAX_PROMPT_S:
         raise ValueError(f"ref_audio is {samples.size / rate:.1f} s long; at most {MAX_PROMPT_S:.0f} s")
-    if rate != MODEL_RATE:
-        samples = StreamingResampler(rate, MODEL_RATE).process(samples)
-    return samples
+    return resample(samples, rate, MODEL_RATE)

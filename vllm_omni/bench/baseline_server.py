@@ -30,6 +30,7 @@ import torch
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from vllm_omni.audio.pcm import float_to_pcm16_bytes, pcm16_to_float
 from vllm_omni.client.wav import read_pcm16, wav_bytes
 
 OUTPUT_RATE = 24000
@@ -67,7 +68,7 @@ class TransformersSpeaker:
                                                          add_generation_prompt=True, tokenize=False)
 
     def answer(self, pcm16: bytes) -> Answer:
-        audio = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
+        audio = pcm16_to_float(pcm16)
         inputs = self.processor(text=self.prompt, audio=[audio], return_tensors="pt")
         with self.lock, torch.no_grad():
             sequences, waveform = self.model.generate(
@@ -77,7 +78,7 @@ class TransformersSpeaker:
         prompt_tokens = inputs["input_ids"].shape[1]
         text = self.processor.batch_decode(sequences[:, prompt_tokens:], skip_special_tokens=True)[0]
         samples = np.clip(waveform.reshape(-1).float().numpy(), -1.0, 1.0)
-        return Answer(text, (samples * 32767).astype("<i2").tobytes(), prompt_tokens,
+        return Answer(text, float_to_pcm16_bytes(samples), prompt_tokens,
                       sequences.shape[1] - prompt_tokens)
 
 

@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from vllm_omni.audio.silero_vad import RATE, SileroModel, VadConfig, VadDetector
+from vllm_omni.audio.pcm import MODEL_RATE as RATE
+from vllm_omni.audio.pcm import pcm16_to_float
+from vllm_omni.audio.silero_vad import SileroModel, VadConfig, VadDetector
 from vllm_omni.bench.report import pyplot, save_figure, write_json
 from vllm_omni.client.connection import RealtimeConnection
 from vllm_omni.client.session_setup import ga_session_update
@@ -39,7 +41,7 @@ class Recording:
     def speech_ends_s(self) -> list[float]:
         """Where Silero hears each stretch of speech end (seconds); found once per recording,
         however many settings it is measured under."""
-        samples = np.frombuffer(self.pcm, "<i2").astype(np.float32) / 32768
+        samples = pcm16_to_float(self.pcm)
         padded = np.concatenate([samples, np.zeros(RATE, np.float32)])  # so the last pause completes
         detector = VadDetector(SileroModel.load(), VadConfig(silence_duration_ms=REFERENCE_SILENCE_MS))
         ends = []

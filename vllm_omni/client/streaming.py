@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from vllm_omni.client.events import input_audio_append
+from vllm_omni.client.wav import INPUT_RATE
 
-INPUT_RATE = 16000  # what this library sends: 16 kHz mono PCM16, declared on every append
 BYTES_PER_MS = INPUT_RATE * 2 // 1000
 FIRST_UNIT_MS = 1030  # the first model unit closes at 1030 ms of audio, then every 1000 ms
 UNIT_MS = 1000

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_omni.audio.pcm import float_to_pcm16
+from vllm_omni.audio.pcm import float_to_pcm16_bytes
 from vllm_omni.engine.backends import ray_stage
 from vllm_omni.engine.backends.async_stage import AsyncEngineStage
 from vllm_omni.engine.backends.ray_stage import RayStageReplica
@@ -321,7 +321,7 @@ class OmniEngine:
         self.pacer.delivered(record.request.request_id, len(event.samples) / event.sample_rate)
         if record.first_audio_s is None:
             record.first_audio_s = since_arrival
-        pcm = float_to_pcm16(np.asarray(event.samples)).astype("<i2").tobytes()
+        pcm = float_to_pcm16_bytes(np.asarray(event.samples))
         self._push(record, AudioChunk(record.request.request_id, pcm, event.sample_rate, start_s,
                                       record.audio_samples / event.sample_rate, final=event.final))
 

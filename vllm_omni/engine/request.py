@@ -10,7 +10,7 @@ from typing import Any, Literal
 import numpy as np
 
 from vllm_omni.audio.log_mel import StreamingLogMel
-from vllm_omni.audio.pcm import validate_model_audio
+from vllm_omni.audio.pcm import MODEL_RATE, validate_model_audio
 
 
 class RequestError(ValueError):
@@ -43,7 +43,7 @@ class AudioInputStream:
         self._mel = StreamingLogMel()
         self.closed = False
 
-    def append(self, samples: np.ndarray, sample_rate: int = 16000) -> None:
+    def append(self, samples: np.ndarray, sample_rate: int = MODEL_RATE) -> None:
         if self.closed:
             raise RequestError("audio stream is closed")
         self._take(validate_model_audio(samples, sample_rate, "streamed audio"))
@@ -90,7 +90,7 @@ class Message:
     role: Literal["system", "user", "assistant", "tool"]
     text: str | None = None
     audio: np.ndarray | None = None
-    sample_rate: int = 16000  # of `audio`; the model hears 16 kHz
+    sample_rate: int = MODEL_RATE  # of `audio`: what the model hears
     audio_stream: AudioInputStream | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_call_id: str | None = None

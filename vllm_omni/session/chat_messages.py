@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from vllm_omni.audio.formats import AudioDataError, bytes_to_float, decode_base64, decode_wav, to_model_rate
 from vllm_omni.audio.formats import AudioFormat as WireFormat
+from vllm_omni.audio.formats import decode_base64, decode_to_model_rate
+from vllm_omni.audio.pcm import MODEL_RATE, AudioDataError, read_wav, resample
 from vllm_omni.engine.request import Message, ToolCall
 from vllm_omni.protocol.chat_completions import (
     INPUT_AUDIO_FORMATS,
@@ -46,14 +47,15 @@ def input_audio_samples(audio: InputAudio, where: str) -> np.ndarray:
     try:
         data = decode_base64(audio.data)
         if audio.format == "wav":
-            samples, rate = decode_wav(data)
+            samples, rate = read_wav(data)
+            samples = resample(samples, rate, MODEL_RATE)
         else:
-            samples, rate = bytes_to_float(data, WireFormat("pcm16", PCM16_INPUT_RATE)), PCM16_INPUT_RATE
+            samples = decode_to_model_rate(data, WireFormat("pcm16", PCM16_INPUT_RATE))
     except AudioDataError as exc:
         raise ChatRequestError(f"{where}.data: {exc}.", f"{where}.data") from None
     if samples.size == 0:
         raise ChatRequestError(f"{where}.data holds no audio samples.", f"{where}.data")
-    return to_model_rate(samples, rate)
+    return samples
 
 
 def user_turn(message: UserMessage, where: str) -> Message:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from vllm_omni.audio.formats import AudioFormat
+from vllm_omni.audio.pcm import MODEL_RATE
 from vllm_omni.engine.interface import EngineClient
 from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.duplex_view import duplex_view
@@ -32,7 +33,7 @@ from vllm_omni.session.input_track import SealedTurn
 from vllm_omni.session.overlap import decide, sounds_like_speech
 from vllm_omni.session.turn_session import TurnSession
 
-DUPLEX_INPUT = AudioFormat("pcm16", 16000)  # the duplex lane's default input (§13.2)
+DUPLEX_INPUT = AudioFormat("pcm16", MODEL_RATE)  # the duplex lane's default input (§13.2)
 REF_AUDIO_PATHS = ("ref_audio_path", "tts_ref_audio_path")
 OPEN_TIME_ONLY = ("idle_timeout_s",)  # read when the session opens; later values are ignored
 MAX_PENDING_TURNS = 4  # committed user turns waiting for an answer (§13.2, max_pending_turns_per_session)

@@ -16,7 +16,6 @@ import numpy as np
 
 from vllm_omni.audio.end_of_turn import WINDOW_SAMPLES, EndOfTurnModel
 from vllm_omni.audio.formats import (
-    AudioDataError,
     AudioFormat,
     AudioFormatError,
     InputConverter,
@@ -24,6 +23,7 @@ from vllm_omni.audio.formats import (
     decode_base64,
 )
 from vllm_omni.audio.model_files import ModelFileUnavailableError
+from vllm_omni.audio.pcm import AudioDataError
 from vllm_omni.audio.sample_buffer import SampleBuffer
 from vllm_omni.audio.silero_vad import ServerVADUnavailableError, SileroModel, VadConfig, VadDetector, samples_to_ms
 from vllm_omni.engine.interface import EngineClient
@@ -284,10 +284,18 @@ class InputTrack:
     # Commit and clear ------------------------------------------------------------------------
 
     def commit(self) -> SealedTurn:
-        """A client commit: everything pending (an open speech segment ends here)."""
+        """A client commit: everything appended (an open speech segment ends here)."""
+        self._take_held_back()
         if self.pending.size < MIN_TURN_SAMPLES:
             raise commit_too_small(self.pending.size)
         return self._seal(self.timeline, self.close_speech())
+
+    def _take_held_back(self) -> None:
+        """The few ms the input resampler still holds, onto the timeline before a client's
+        commit or clear (server VAD's cuts leave them: they come after the cut)."""
+        tail = self._converter.flush()
+        if tail.size:
+            self.accept(tail)
 
     def close_speech(self) -> str | None:
         """End the open speech segment, if any, with speech_stopped; its item id."""
@@ -318,6 +326,7 @@ class InputTrack:
 
     def clear(self) -> None:
         """Drop everything uncommitted (an open speech segment ends without speech_stopped)."""
+        self._take_held_back()
         self._close_segment(emit_stop=False)
         self.pending.drop_until(self.timeline)
         self._stream, self._fed_until, self._transcript_hints = None, self.timeline, []

@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from vllm_omni.audio.formats import AudioDataError, AudioFormat, InputConverter, check_rate, decode_base64
+from vllm_omni.audio.formats import AudioFormat, check_rate, decode_base64, decode_to_model_rate
+from vllm_omni.audio.pcm import AudioDataError
 from vllm_omni.audio.silero_vad import samples_to_ms
 from vllm_omni.engine.interface import EngineClient
 from vllm_omni.engine.request import ToolCall
@@ -224,7 +225,7 @@ def _part_audio(part: ce.AudioPart, where: str, session_format: AudioFormat) -> 
         rate = check_rate(part.sample_rate_hz)
         if rate is not None:
             fmt = AudioFormat(fmt.name, rate)
-        samples = InputConverter().convert(decode_base64(part.audio or part.data or ""), fmt)
+        samples = decode_to_model_rate(decode_base64(part.audio or part.data or ""), fmt)
     except AudioDataError as exc:
         raise ProtocolError("bad_audio", str(exc), f"{where}.audio") from None
     except ValueError as exc:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from vllm_omni.audio.pcm import pcm16_to_float
 from vllm_omni.engine.interface import EngineClient
 from vllm_omni.engine.request import (
     AudioChunk,
@@ -95,7 +96,7 @@ class LegacySession(ConfiguredSession):
         if not data or len(data) % 2:
             self.error("invalid_audio", "Invalid audio data")
             return
-        samples = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+        samples = pcm16_to_float(data)
         if self._stream is not None:
             self._stream.append(samples)
         elif (sum(q.size for q in self._queued) + samples.size) * 4 > MAX_QUEUED_INPUT_BYTES:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_omni.audio.formats import encode_output
+from vllm_omni.audio.formats import OutputEncoder
 from vllm_omni.engine.interface import EngineClient
 from vllm_omni.engine.request import (
     AudioChunk,
@@ -92,6 +92,7 @@ class ResponseRun:
         self.audio_started = asyncio.Event()  # set at the first audio chunk, or when the response ends
         self._audio_samples = 0
         self._sample_rate = 0
+        self._encoder = OutputEncoder(options.output_format)  # one resampler for the whole answer
         self._audio_sent = False
         self._turn_ended = False  # the last audio delta sent had end_of_turn
         self._text_part = False
@@ -211,12 +212,15 @@ class ResponseRun:
         self._audio_samples += len(chunk.pcm16) // 2
         duration_ms = self._audio_samples * 1000 // chunk.sample_rate
         self.item.audio_duration_ms = duration_ms
-        self.playback["generated_ms"] = self.playback["sent_ms"] = duration_ms
         if text_chars is not None:
             self.text_marks.append({"text_chars": text_chars, "audio_end_ms": duration_ms})
-        data, rate = encode_output(chunk.pcm16, chunk.sample_rate, self.options.output_format)
+        data, rate = self._encoder.encode(chunk.pcm16, chunk.sample_rate, final=chunk.final)
+        # What the deltas have carried (docs/realtime-api.md §3.2: an output resampler holds a
+        # few ms back until the answer's last delta).
+        self.playback["generated_ms"] = self.playback["sent_ms"] = self._encoder.delivered_ms
         self._emit(output_audio_delta(**self._addr(0), delta=b64(data), format=self.options.output_format.name,
-                                      sample_rate_hz=rate, audio_duration_ms=duration_ms, playback=self.playback,
+                                      sample_rate_hz=rate, audio_duration_ms=self._encoder.delivered_ms,
+                                      playback=self.playback,
                                       session_id=self.session_id, end_of_turn=chunk.final,
                                       audio_text_marks=self.text_marks[-1:] if text_chars is not None else None))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from vllm_omni.audio.pcm import MODEL_RATE
 from vllm_omni.engine.interface import EngineClient
 from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.errors import ProtocolError
@@ -211,10 +212,10 @@ class TurnSession(ConfiguredSession):
                               deferred=self.responses.active is not None and not flags, flags=flags)
         self._emit(audio_buffer_committed(previous_item_id=previous, item_id=item.id, record=record))
         if self.config.transcription and item.stream is not None:  # the model transcribes the turn
-            self.transcriber.start(item, sealed.samples / 16000, dict(self.config.transcription))
+            self.transcriber.start(item, sealed.samples / MODEL_RATE, dict(self.config.transcription))
         elif item.transcript:  # the client's own transcript hints (appends' `transcript`)
             self._emit(input_transcription_completed(item_id=item.id, transcript=item.transcript,
-                                                     audio_seconds=sealed.samples / 16000))
+                                                     audio_seconds=sealed.samples / MODEL_RATE))
         self._emit(item_done(previous_item_id=previous, item=item.to_wire()))
         self.turn_id += 1
         self.responses.unanswered = True

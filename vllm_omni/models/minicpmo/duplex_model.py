@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import torch
 
-from vllm_omni.audio.pcm import float_to_pcm16
+from vllm_omni.audio.pcm import MODEL_RATE, float_to_pcm16_bytes
 from vllm_omni.config import DeployConfig
 from vllm_omni.engine.backends.vllm.engine_driver import engine_kwargs, stage_devices
 from vllm_omni.engine.native_duplex import DuplexOpening, NativeDuplexEngine, UnitDecision
@@ -96,7 +96,8 @@ class MiniCPMOUnitModel:
         if opening.wants_audio:
             if opening.voice_prompt is None:
                 raise ValueError("speech needs a voice prompt (ref_audio)")
-            speech = await self.vocode(lambda: self.vocoder.stream(self.vocoder.voice(opening.voice_prompt, 16000)))
+            voice = opening.voice_prompt
+            speech = await self.vocode(lambda: self.vocoder.stream(self.vocoder.voice(voice, MODEL_RATE)))
         return MiniCPMOUnitSession(self, session, opening, speech)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -182,4 +183,4 @@ class MiniCPMOUnitSession:
         samples = self.speech.push(codes, flush=True)
         if ends_turn:
             samples = np.concatenate([samples, self.speech.finish()])
-        return float_to_pcm16(samples).tobytes()
+        return float_to_pcm16_bytes(samples)

@@ -22,7 +22,8 @@ import numpy as np
 from transformers import WhisperFeatureExtractor
 from transformers.audio_utils import spectrogram, window_function
 
-SAMPLE_RATE = 16000
+from vllm_omni.audio.pcm import MODEL_RATE
+
 HOP = 160
 N_FFT = 400
 HALF_WINDOW = N_FFT // 2
@@ -30,7 +31,7 @@ MEL_BINS = 80
 FRAMES_PER_UNIT = 100
 REDUNDANT_FRAMES = 2
 FIRST_UNIT_SAMPLES = 16480  # 1030 ms: unit 0's last redundancy frame is then stable
-UNIT_SAMPLES = 16000
+UNIT_SAMPLES = MODEL_RATE  # one second
 FIXED_FLOOR, FIXED_FLOOR_UNTIL_S = -10.0, 5.0
 DYNAMIC_RANGE = 8.0
 RETAINED_FRAMES, DROPPED_FRAMES = 3000, 1000  # 30 s held, 10 s dropped at a time
@@ -43,7 +44,7 @@ def unit_close_samples(unit: int) -> int:
 
 class StreamingMel:
     def __init__(self) -> None:
-        extractor = WhisperFeatureExtractor(feature_size=MEL_BINS, sampling_rate=SAMPLE_RATE, hop_length=HOP,
+        extractor = WhisperFeatureExtractor(feature_size=MEL_BINS, sampling_rate=MODEL_RATE, hop_length=HOP,
                                             n_fft=N_FFT)
         self._filters = extractor.mel_filters
         self._window = window_function(N_FFT, "hann")
@@ -96,7 +97,7 @@ class StreamingMel:
 
     def _floor(self, heard: int) -> float:
         """The floor for a unit closed once `heard` samples had arrived."""
-        if heard < FIXED_FLOOR_UNTIL_S * SAMPLE_RATE:
+        if heard < FIXED_FLOOR_UNTIL_S * MODEL_RATE:
             return FIXED_FLOOR
         return max(float(self._raw.max()), float(self._tail(heard).max())) - DYNAMIC_RANGE
 

@@ -15,18 +15,18 @@ the exporter's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import gcd
 from pathlib import Path
 
 import numpy as np
 import onnxruntime
 import torch
-from scipy.signal import resample_poly
 from transformers import WhisperFeatureExtractor
 from transformers.audio_utils import mel_filter_bank, spectrogram, window_function
 
+from vllm_omni.audio.pcm import MODEL_RATE, resample
+
 SPEECH_TOKENIZER, SPEAKER_MODEL = "speech_tokenizer_v2_25hz.onnx", "campplus.onnx"
-TOKENIZER_RATE, MEL_RATE = 16000, 24000
+TOKENIZER_RATE, MEL_RATE = MODEL_RATE, 24000
 WHISPER_BINS, WHISPER_FFT, WHISPER_HOP = 128, 400, 160
 KALDI_BINS, KALDI_FRAME, KALDI_HOP, KALDI_FFT = 80, 400, 160, 512
 PROMPT_BINS, PROMPT_FFT, PROMPT_HOP, PROMPT_FMAX = 80, 1920, 480, 8000
@@ -37,14 +37,6 @@ class VoicePrompt:
     codes: torch.Tensor  # [1, T] long: the reference's speech codes
     mel: torch.Tensor  # [1, up_rate * T, 80]
     speaker: torch.Tensor  # [1, 192] CAM++ embedding
-
-
-def resample(waveform: np.ndarray, source_rate: int, target_rate: int) -> np.ndarray:
-    """Band-limited polyphase resampling."""
-    if source_rate == target_rate:
-        return waveform.astype(np.float32)
-    divisor = gcd(source_rate, target_rate)
-    return resample_poly(waveform, target_rate // divisor, source_rate // divisor).astype(np.float32)
 
 
 def whisper_log_mel(audio16: np.ndarray) -> np.ndarray:
