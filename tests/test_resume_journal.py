@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from vllm_omni.protocol.errors import ProtocolError
+from vllm_omni.protocol.wire_text import EncodedEvent, compact_json
+from vllm_omni.server.outbox import Outbox
 from vllm_omni.session.resume_journal import (
     CLOSE_POLICY_VIOLATION,
     DEFAULT_REPLAY_MAX_BYTES,
@@ -370,3 +372,26 @@ def test_resume_rotates_the_token_and_bumps_the_generation() -> None:
     third = credentials.resume(second)
     assert credentials.attachment_generation == 3 and credentials.verify(third)
     assert not credentials.verify(second)
+
+
+async def test_a_journaled_event_is_encoded_once_and_the_socket_sends_that_text() -> None:
+    """The journal sizes an event by its compact JSON; the connection's writer sends that same
+    text instead of encoding the event again (protocol/wire_text.py)."""
+    journal = ResumeJournal("s")
+    [out] = journal.stamp(ev("response.output_audio_transcript.delta", delta="你好"))
+    assert isinstance(out, EncodedEvent) and json.loads(out.text) == out
+    assert journal.retained_bytes == len(out.text.encode())
+
+    class Socket:
+        sent: list[str] = []
+
+        async def send_text(self, text: str) -> None:
+            self.sent.append(text)
+
+    socket = Socket()
+    outbox = Outbox(socket, send_timeout_s=5)  # type: ignore[arg-type]
+    out.text = '{"type":"marker"}'  # what the writer sends is the carried text, not a new encoding
+    outbox.put(out)
+    outbox.put(ev("response.done"))  # a plain dict is encoded on the way out
+    await outbox.flush_and_stop()
+    assert socket.sent == ['{"type":"marker"}', compact_json(ev("response.done"))]

@@ -4,7 +4,6 @@ events leave in the order they were produced and a slow client only slows its ow
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import deque
 from typing import Any
@@ -13,6 +12,7 @@ from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from vllm_omni.metrics import prometheus as metrics
+from vllm_omni.protocol.wire_text import wire_text
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class Outbox:
                 await self._ready.wait()
                 self._ready.clear()
                 while self._events:
-                    text = json.dumps(self._events.popleft(), ensure_ascii=False, separators=(",", ":"))
+                    text = wire_text(self._events.popleft())
                     await asyncio.wait_for(self.websocket.send_text(text), self.send_timeout_s)
                     if len(self._events) <= SEND_QUEUE_HIGH_WATER // 2:
                         self._drained.set()

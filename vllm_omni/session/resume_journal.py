@@ -4,7 +4,8 @@ Wire behaviour: docs/realtime-api.md §13.4 (resume, replay and `session.event_a
 
 * `ResumeJournal` stamps `server_event_seq` on the events the session sends, keeps them for
   replay after a `session.resume`, trims them on `session.event_ack`, and prunes them by age
-  (`resume_replay_ttl_s`) and size (`resume_replay_max_bytes_per_session`, compact JSON).
+  (`resume_replay_ttl_s`) and size (`resume_replay_max_bytes_per_session`, compact JSON, encoded
+  once: protocol/wire_text.py).
 * `ResumeCredentials` holds the SHA-256 of the current resume token and the attachment
   generation; each successful resume rotates the token.
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import secrets
 import time
 from collections import deque
@@ -26,6 +26,7 @@ from typing import Any
 
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.server_events import error_event, event
+from vllm_omni.protocol.wire_text import EncodedEvent, wire_text
 
 Wire = dict[str, Any]
 
@@ -57,7 +58,7 @@ def resync_required(session_id: str, reason: str) -> Wire:
 
 def wire_size(wire: Wire) -> int:
     """Bytes of the compact UTF-8 JSON the outbox sends for `wire`."""
-    return len(json.dumps(wire, ensure_ascii=False, separators=(",", ":")).encode())
+    return len(wire_text(wire).encode())
 
 
 def _is_seq(value: object) -> bool:
@@ -129,7 +130,8 @@ class ResumeJournal:
     def stamp(self, wire: Wire) -> list[Wire]:
         """The events to send for `wire`, in order.
 
-        Normally `[wire + server_event_seq]`, journaled. Types in `UNJOURNALED_EVENT_TYPES` and
+        Normally `[wire + server_event_seq]`, journaled, as an `EncodedEvent`: the text the
+        journal was sized by is the text the outbox sends. Types in `UNJOURNALED_EVENT_TYPES` and
         every event after an overflow come back unchanged. The event that overflows the journal
         comes back unstamped after the one `session.resync_required`. The journal keeps the
         returned dict, so do not mutate it afterwards.
@@ -140,7 +142,7 @@ class ResumeJournal:
             raise ValueError(f"{wire['type']} is already stamped")
         now = self._clock()
         self._prune(now)
-        stamped = {"type": wire["type"], "server_event_seq": self._head + 1, **wire}
+        stamped = EncodedEvent({"type": wire["type"], "server_event_seq": self._head + 1, **wire})
         size = wire_size(stamped)
         if self._bytes + size > self.max_bytes:
             self._overflow()
