@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TINY_MODEL ?= .models/qwen3_omni_tiny
 
-.PHONY: setup lint test tiny-model serve clean
+.PHONY: setup lint test test-fast tiny-model serve clean
 
 setup:
 	bash scripts/setup.sh
@@ -16,6 +16,11 @@ lint: setup
 
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The fast tier for iterating: protocol, config, audio and sessions on the scripted engine;
+# no checkpoint, engine or server process (tests/conftest.py marks the rest `slow`).
+test-fast: lint
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 tiny-model: setup
 	HF_HUB_OFFLINE=1 $(BIN)/vllm-omni make-tiny-model --arch qwen3_omni_moe --out $(TINY_MODEL)

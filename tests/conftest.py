@@ -17,6 +17,24 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"  # see tests/data/README.md
 
 
+# The fast tier (`make test-fast`, `-m "not slow"`): everything but what needs a checkpoint, an
+# engine or a server process. An item is slow when it asks for one of these fixtures (directly
+# or through another), or lives in one of these modules (they start processes themselves, or
+# ask for the engines by name at run time: `request.getfixturevalue`).
+HEAVY_FIXTURES = frozenset({"tiny_checkpoint", "minicpmo_checkpoint", "tiny_loaded", "vllm_engine",
+                            "minicpmo_vllm_engine", "reference_engine"})
+SLOW_MODULES = frozenset({"test_docker_image", "test_ray_cluster", "test_demo_page", "test_cli", "test_client_cli",
+                          "test_gpu_check_script", "test_scheduler_gaps", "test_duplex_lane_contract",
+                          "test_duplex_wire_fields_contract", "test_s0_client_flow", "test_spec_native"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & HEAVY_FIXTURES or item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
 def audio_fixture_path(name: str) -> Path:
     path = DATA / name
     if not path.is_file():
