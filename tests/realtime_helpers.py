@@ -42,6 +42,22 @@ def running_server(checkpoint, overrides: dict[str, Any], **settings: Any):
         yield served
 
 
+@contextmanager
+def sampling_defaults(engine: OmniEngine, by_role: dict[str, dict[str, Any]]):
+    """A shared engine's default sampling changed for a while (per stage role), then put back:
+    each request reads the defaults when it is made (engine/prompting.py), so a module can size
+    its answers without starting engines of its own."""
+    family = engine.family
+    original = family.deploy
+    stages = [stage.model_copy(update={"default_sampling_params": stage.default_sampling_params.model_copy(
+        update=by_role.get(stage.role, {}))}) for stage in original.stages]
+    family.deploy = original.model_copy(update={"stages": stages})
+    try:
+        yield
+    finally:
+        family.deploy = original
+
+
 class Borrowed:
     """An engine served for a while and handed back: the server's shutdown leaves it running
     (for engines shared by several test modules)."""

@@ -21,11 +21,7 @@ from importlib import metadata
 import pytest
 
 from tests.framework_clients.common import STEP_TIMEOUT_S, STEPS
-from tests.realtime_helpers import MODEL_NAME, serving
-from vllm_omni.config import get_deploy_config_path, load_deploy_config, modify_stage_config
-from vllm_omni.engine import OmniEngine
-from vllm_omni.models.qwen3_omni.checkpoint import load_checkpoint
-from vllm_omni.models.qwen3_omni.family import Qwen3OmniFamily
+from tests.realtime_helpers import MODEL_NAME, sampling_defaults, serving
 
 # client -> (module the driver needs, distribution, pinned version)
 CLIENTS = {
@@ -37,16 +33,12 @@ CLIENTS = {
 
 
 @pytest.fixture(scope="module")
-def server(tiny_checkpoint):
+def server(vllm_engine):
     """The `make serve` configuration: thinker and talker on vLLM engines (forced tool calls use
-    vLLM's structured outputs), code2wav and the bridge in this process."""
-    overrides = {"stages.0.default_sampling_params.max_tokens": 96,  # room for a forced call's JSON
-                 "stages.1.default_sampling_params.max_tokens": 64,
-                 "stages.1.default_sampling_params.min_tokens": 40}
-    deploy = load_deploy_config(modify_stage_config(get_deploy_config_path("qwen3_omni_tiny_cpu"), overrides),
-                                platform="cpu")
-    engine = OmniEngine(Qwen3OmniFamily(load_checkpoint(tiny_checkpoint, bridge_only=True), deploy))
-    with serving(engine) as (url, _engine, _app):
+    vLLM's structured outputs), code2wav and the bridge in this process; the engines shared with
+    the other modules (conftest.py), with room for a forced call's JSON and short answers."""
+    answers = {"thinker": {"max_tokens": 96}, "talker": {"max_tokens": 64, "min_tokens": 40}}
+    with sampling_defaults(vllm_engine, answers), serving(vllm_engine, borrowed=True) as (url, _engine, _app):
         yield url
 
 
