@@ -173,10 +173,10 @@ class OutputEncoder:
     def encode(self, samples_pcm16: bytes, source_rate: int, *, final: bool = False) -> tuple[bytes, int]:
         """This chunk in the output format (a G.711 chunk may hold a few ms less or, when
         `final`, more than it was given: the resampler's hold-back); returns bytes and rate."""
-        samples = pcm16_to_float(samples_pcm16)
         if self.fmt.name in ("pcm16", "wav"):
-            self._delivered, self._rate = self._delivered + samples.size, source_rate
+            self._delivered, self._rate = self._delivered + len(samples_pcm16) // 2, source_rate
             return (samples_pcm16 if self.fmt.name == "pcm16" else wav_bytes(samples_pcm16, source_rate)), source_rate
+        samples = pcm16_to_float(samples_pcm16)
         if self.fmt.rate != source_rate:
             if self._resampler is None:
                 self._resampler = StreamingResampler(source_rate, self.fmt.rate)

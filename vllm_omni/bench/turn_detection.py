@@ -19,8 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_omni.audio.pcm import MODEL_RATE as RATE
-from vllm_omni.audio.pcm import pcm16_to_float
+from vllm_omni.audio.pcm import MODEL_RATE, pcm16_to_float
 from vllm_omni.audio.silero_vad import SileroModel, VadConfig, VadDetector
 from vllm_omni.bench.report import pyplot, save_figure, write_json
 from vllm_omni.client.connection import RealtimeConnection
@@ -42,13 +41,13 @@ class Recording:
         """Where Silero hears each stretch of speech end (seconds); found once per recording,
         however many settings it is measured under."""
         samples = pcm16_to_float(self.pcm)
-        padded = np.concatenate([samples, np.zeros(RATE, np.float32)])  # so the last pause completes
+        padded = np.concatenate([samples, np.zeros(MODEL_RATE, np.float32)])  # so the last pause completes
         detector = VadDetector(SileroModel.load(), VadConfig(silence_duration_ms=REFERENCE_SILENCE_MS))
         ends = []
         for start in range(0, padded.size, 512):
             step = detector.feed(padded[start:start + 512])
             if step.stopped:
-                ends.append(step.end_sample / RATE - REFERENCE_SILENCE_MS / 1000)
+                ends.append(step.end_sample / MODEL_RATE - REFERENCE_SILENCE_MS / 1000)
         return ends
 
 
@@ -69,7 +68,7 @@ async def measure(url: str, setting: str, recording: Recording, trailing_silence
         await connection.send(ga_session_update(server_vad=True, vad=turn_detection(setting),
                                                 output_modalities=("text",)))
         await connection.until("session.updated", timeout=30)
-        silence = b"\0\0" * int(RATE * trailing_silence_s)
+        silence = b"\0\0" * int(MODEL_RATE * trailing_silence_s)
         started = time.monotonic()
         await connection.stream(append_events(recording.pcm + silence, chunk_ms=CHUNK_MS))
         await asyncio.sleep(0.5)  # a verdict on the last pause may still be on its way
