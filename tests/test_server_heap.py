@@ -15,5 +15,7 @@ def test_the_loaded_heap_is_frozen_while_serving_and_released_after(tiny_loaded)
         frozen = gc.get_freeze_count()
         assert frozen > 10_000  # the checkpoint's modules alone are thousands of objects
         gc.collect()
-        assert gc.get_freeze_count() == frozen  # a full pass leaves them be
+        # A full pass leaves them be (an unfrozen heap would read 0 here). A few frozen objects
+        # may still die by reference count as the server runs, which takes them off the count.
+        assert gc.get_freeze_count() > frozen * 0.99
     assert gc.get_freeze_count() == 0
