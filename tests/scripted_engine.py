@@ -34,7 +34,8 @@ from vllm_omni.engine.request import (
 )
 from vllm_omni.protocol.session_config import SessionConfig
 from vllm_omni.session.base import SessionOptions, ga_only
-from vllm_omni.session.turn_session import TurnSession
+from vllm_omni.session.factory import ga_session
+from vllm_omni.session.session import Session
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,7 @@ class Events(list):
 
 
 def turn_session(engine: ScriptedEngine | None = None, options: SessionOptions | None = None,
-                 extensions: bool = True, **config: Any) -> tuple[TurnSession, ScriptedEngine, Events]:
+                 extensions: bool = True, **config: Any) -> tuple[Session, ScriptedEngine, Events]:
     """A GA turn session (id sess_test, model tiny) on a scripted engine, and its events: with
     the [EXT] events and fields, or (`extensions=False`) what a pure-GA client receives. Its
     input is 16 kHz PCM16 (the test recordings'), as after a session.update saying so, unless
@@ -209,7 +210,7 @@ def turn_session(engine: ScriptedEngine | None = None, options: SessionOptions |
     engine = engine or ScriptedEngine()
     events = Events()
     config.setdefault("input_format", AudioFormat("pcm16", 16000))
-    session = TurnSession(engine, SessionConfig(id="sess_test", model="tiny", **config),
+    session = ga_session(engine, SessionConfig(id="sess_test", model="tiny", **config),
                           options or SessionOptions(served_models=["tiny"]),
                           events.append if extensions else ga_only(events.append))
     return session, engine, events

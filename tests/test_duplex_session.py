@@ -22,18 +22,19 @@ from vllm_omni.server.duplex_handshake import (
     first_message,
 )
 from vllm_omni.session.base import SessionOptions
-from vllm_omni.session.duplex_session import DuplexSession, open_duplex_session
+from vllm_omni.session.factory import open_duplex_session
 from vllm_omni.session.resume_journal import ResumeRefused
+from vllm_omni.session.session import Session
 
 OPTIONS = SessionOptions(served_models=["tiny"], session_mode=SessionMode.DUPLEX, max_sessions=8)
 
 
-def opened(opening: dict[str, Any] | None = None) -> tuple[DuplexSession, Events]:
+def opened(opening: dict[str, Any] | None = None) -> tuple[Session, Events]:
     session, _, events = opened_on_engine(opening)
     return session, events
 
 
-def opened_on_engine(opening: dict[str, Any] | None = None) -> tuple[DuplexSession, ScriptedEngine, Events]:
+def opened_on_engine(opening: dict[str, Any] | None = None) -> tuple[Session, ScriptedEngine, Events]:
     events, engine = Events(), ScriptedEngine()
     return open_duplex_session(engine, OPTIONS, opening or {}, "tiny", events.append), engine, events
 
@@ -149,7 +150,7 @@ async def test_at_most_four_committed_turns_wait_for_an_answer() -> None:
 
 # The playback ledger (docs/realtime-api.md §13.5) ------------------------------------------------
 
-async def answered(policy: str) -> tuple[DuplexSession, ScriptedEngine, Events, str]:
+async def answered(policy: str) -> tuple[Session, ScriptedEngine, Events, str]:
     events, engine = Events(), ScriptedEngine()
     session = open_duplex_session(engine, OPTIONS, {"playback_commit_policy": policy}, "tiny", events.append)
     await session.handle({"type": "conversation.item.create", "item": {
@@ -159,7 +160,7 @@ async def answered(policy: str) -> tuple[DuplexSession, ScriptedEngine, Events, 
     return session, engine, events, done["id"]
 
 
-async def history_text(session: DuplexSession, events: Events, response_id: str) -> str:
+async def history_text(session: Session, events: Events, response_id: str) -> str:
     await session.handle({"type": "conversation.item.retrieve", "item_id": f"item_{response_id}"})
     return events.last("conversation.item.retrieved")["item"]["content"][0]["transcript"]
 
@@ -199,7 +200,7 @@ def speech(seconds: float, **fields) -> dict:
     return {"type": "input_audio_buffer.append", "audio": pcm16_b64(seconds, 0.1), **fields}
 
 
-async def answering(**opening) -> tuple[DuplexSession, ScriptedEngine, Events]:
+async def answering(**opening) -> tuple[Session, ScriptedEngine, Events]:
     """A session whose answer is still generating (it waits 1 s between two audio chunks)."""
     events, engine = Events(), ScriptedEngine()
     engine.script(Text("Sure."), Audio(100), Wait(1.0), Audio(100))

@@ -8,7 +8,7 @@ import pytest
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.session_config import SessionConfig, session_object
 from vllm_omni.protocol.session_update import SessionUpdateResult, apply_session_update
-from vllm_omni.session.turn_session import TOOL_CHECKS
+from vllm_omni.session.lanes import TOOL_CHECKS
 
 SERVED = ["tiny"]
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}

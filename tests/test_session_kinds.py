@@ -4,15 +4,22 @@ scripted engine, the one dispatch table, and the server settings that feed sessi
 from __future__ import annotations
 
 import asyncio
+import importlib
+import inspect
+import pkgutil
+from pathlib import Path
+from typing import Protocol
 
 import pytest
 
+import vllm_omni.session
 from tests.scripted_engine import Audio, Events, Raise, ScriptedEngine, Text, pcm16_b64, turn_session
 from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.session_config import SessionConfig
 from vllm_omni.protocol.states import Lane, SessionMode
 from vllm_omni.server.settings import ServerSettings
+from vllm_omni.session import core as session_core
 from vllm_omni.session import turn_lanes
 from vllm_omni.session.base import SessionOptions
 from vllm_omni.session.factory import DuplexRoute, SessionFactory, SessionRefused
@@ -178,6 +185,26 @@ def test_every_client_event_type_has_one_handler_and_every_alias_a_target() -> N
         assert parsed.type == alias and type(parsed) is ce.EVENT_MODELS[target]
 
 
+def test_the_dispatch_table_is_built_once_and_never_changes() -> None:
+    session, _, _ = turn_session()
+    with pytest.raises(TypeError):
+        session._handlers["session.heartbeat"] = print  # noqa: SLF001
+
+
+def test_no_session_class_extends_another() -> None:
+    """Sessions are composed from parts (session/session.py), never subclassed: every class of
+    the session package derives from nothing of the package."""
+    package = Path(vllm_omni.session.__file__).parent
+    for module_info in pkgutil.iter_modules([str(package)]):
+        module = importlib.import_module(f"vllm_omni.session.{module_info.name}")
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__:
+                continue
+            own_bases = [base for base in cls.__mro__[1:] if base.__module__.startswith("vllm_omni.session")
+                         and not issubclass(base, Protocol)]  # an interface is not a session kind
+            assert not own_bases, f"{module.__name__}.{name} extends {own_bases}"
+
+
 # Server settings ---------------------------------------------------------------------------------------
 
 def test_server_settings_feed_the_session_options() -> None:
@@ -193,15 +220,15 @@ def test_server_settings_feed_the_session_options() -> None:
         ServerSettings(served_model_names=["tiny"], session_mode="native")
 
 
-async def test_parsed_events_are_taken_and_a_handler_bug_is_an_internal_error() -> None:
+async def test_parsed_events_are_taken_and_a_handler_bug_is_an_internal_error(monkeypatch) -> None:
     session, _, events = turn_session()
     await session.handle(ce.parse_client_event({"type": "session.heartbeat"}))
     assert events.kinds() == ["session.heartbeat_ack"]
 
-    def broken(ev: ce.ClientEvent) -> None:
+    def broken(**fields) -> dict:
         raise KeyError("bug")
 
-    session._handlers["session.heartbeat"] = broken  # noqa: SLF001
+    monkeypatch.setattr(session_core, "heartbeat_ack", broken)
     await session.handle({"type": "session.heartbeat", "event_id": "h"})
     error = events.last("error")["error"]
     assert (error["code"], error["type"], error["event_id"]) == ("internal_error", "server_error", "h")

@@ -9,8 +9,9 @@ from vllm_omni.engine.request import AudioInputStream
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.session_config import SessionConfig, TurnDetection
 from vllm_omni.session.base import SessionOptions
+from vllm_omni.session.factory import ga_session
 from vllm_omni.session.input_track import MAX_PENDING_INPUT_BYTES
-from vllm_omni.session.turn_session import TurnSession
+from vllm_omni.session.session import Session
 
 
 class StreamsOnly:
@@ -23,10 +24,10 @@ class StreamsOnly:
         return AudioInputStream()
 
 
-def session(turn_detection: TurnDetection | None) -> tuple[TurnSession, list[dict]]:
+def session(turn_detection: TurnDetection | None) -> tuple[Session, list[dict]]:
     events: list[dict] = []
     config = SessionConfig(id="sess_test", model="tiny", turn_detection=turn_detection)
-    return TurnSession(StreamsOnly(), config, SessionOptions(served_models=["tiny"]), events.append), events
+    return ga_session(StreamsOnly(), config, SessionOptions(served_models=["tiny"]), events.append), events
 
 
 def test_silence_under_server_vad_does_not_pile_up() -> None:

@@ -19,9 +19,9 @@ from vllm_omni.server.duplex_handshake import Handshake, ResumeRequest
 from vllm_omni.server.duplex_registry import DuplexEntry, DuplexRegistry
 from vllm_omni.server.outbox import Outbox
 from vllm_omni.server.slots import SessionSlots
-from vllm_omni.session.duplex_session import DuplexSession
 from vllm_omni.session.factory import DuplexRoute
 from vllm_omni.session.resume_journal import resume_error
+from vllm_omni.session.session import Session
 
 
 class DuplexLink:
@@ -34,7 +34,7 @@ class DuplexLink:
         self.expiry: str | None = None  # why the session expired under this connection
 
     @property
-    def session(self) -> DuplexSession:
+    def session(self) -> Session:
         return self.entry.session
 
     def open(self, route: DuplexRoute, handshake: Handshake, model: str) -> None:

@@ -23,8 +23,8 @@ from typing import Any
 from vllm_omni.protocol.server_event_builders import session_expired
 from vllm_omni.server.frontend_identity import FrontendIdentity
 from vllm_omni.session.base import Emit
-from vllm_omni.session.duplex_session import DuplexSession
 from vllm_omni.session.resume_journal import ResumeCredentials, ResumeJournal
+from vllm_omni.session.session import Session
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class DuplexEntry:
     journal: ResumeJournal
     release: Callable[[], None]  # frees the session's slot
     credentials: ResumeCredentials = field(default_factory=ResumeCredentials)
-    session: DuplexSession | None = None
+    session: Session | None = None
     sink: Emit | None = None  # the attached connection's outbox
     replaced: Callable[[int], None] | None = None  # tells that connection it was replaced
     expired: Callable[[str], None] | None = None  # tells that connection the session expired (the reason)

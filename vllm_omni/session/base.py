@@ -10,7 +10,6 @@ from typing import Any, Protocol
 from vllm_omni.protocol.client_events import ClientEvent, client_event_id
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.ga_view import ga_view
-from vllm_omni.protocol.session_config import SessionConfig
 from vllm_omni.protocol.states import Lane, SessionMode
 
 logger = logging.getLogger(__name__)
@@ -81,20 +80,6 @@ class RealtimeSession(Protocol):
 
     async def close(self) -> None:
         """Stop everything the session started; nothing more is emitted for it."""
-
-
-class ConfiguredSession:
-    """The `RealtimeSession` properties a session answers from its `SessionConfig`."""
-
-    config: SessionConfig
-
-    @property
-    def id(self) -> str:
-        return self.config.id
-
-    @property
-    def idle_timeout_s(self) -> float:
-        return self.config.idle_timeout_s
 
 
 async def reporting(session: RealtimeSession, ev: dict[str, Any] | ClientEvent, apply: Awaitable[None]) -> None:

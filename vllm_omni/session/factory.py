@@ -4,21 +4,34 @@ entry here; the server only calls `route` and the opener it returns."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from vllm_omni.audio.formats import AudioFormat
+from vllm_omni.audio.pcm import MODEL_RATE
 from vllm_omni.engine.interface import EngineClient
+from vllm_omni.protocol.duplex_view import duplex_view
+from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.query_flags import query_flag
-from vllm_omni.protocol.server_events import new_id, session_created
+from vllm_omni.protocol.server_event_builders import session_updated
+from vllm_omni.protocol.server_event_types import SESSION_CREATED
+from vllm_omni.protocol.server_events import event, new_id, session_created
 from vllm_omni.protocol.session_config import SessionConfig, TurnDetection
 from vllm_omni.protocol.states import SessionMode
 from vllm_omni.session.base import Emit, RealtimeSession, SessionOptions, ga_only
-from vllm_omni.session.duplex_session import DuplexSession, open_duplex_session
+from vllm_omni.session.core import SessionCore
+from vllm_omni.session.lanes import DuplexLane, GaLane, check_model_fields
 from vllm_omni.session.legacy_session import LegacySession
-from vllm_omni.session.native_duplex_session import NativeDuplexSession
+from vllm_omni.session.native_opening import native_opening, native_settings
+from vllm_omni.session.overlap_input import OverlapTurnInput
+from vllm_omni.session.session import InputPolicy, Session
+from vllm_omni.session.turn_input import TurnInput
 from vllm_omni.session.turn_lanes import TurnLanes
-from vllm_omni.session.turn_session import TurnSession
+from vllm_omni.session.unit_input import CommitDrivenUnitInput, UnitInput
+
+DUPLEX_INPUT = AudioFormat("pcm16", MODEL_RATE)  # the duplex lane's default input (docs/realtime-api.md §13.2)
 
 Opener = Callable[[str, Emit, bool], RealtimeSession]  # (model, emit, extensions) -> the session, greeted
 
@@ -29,7 +42,7 @@ class DuplexRoute:
     its autostart `{"model": …}` or first session object (docs/realtime-api.md §13.1)."""
 
     # (opening session object, default model, emit, session id, extra session.created fields)
-    open: Callable[[dict[str, Any], str, Emit, str, dict[str, Any]], DuplexSession]
+    open: Callable[[dict[str, Any], str, Emit, str, dict[str, Any]], Session]
 
 
 class SessionRefused(Exception):
@@ -59,10 +72,8 @@ class SessionFactory:
             return self._open_turn
         if not duplex_endpoint and duplex_asked is False:
             raise SessionRefused("Realtime API is not available")
-        kind = DuplexSession if self.engine.native_duplex is None else NativeDuplexSession
         return DuplexRoute(lambda opening, model, emit, session_id, created: open_duplex_session(
-            self.engine, self.options, opening, model, emit, session_id=session_id, created_fields=created,
-            kind=kind))
+            self.engine, self.options, opening, model, emit, session_id=session_id, created_fields=created))
 
     def _open_turn(self, model: str, emit: Emit, extensions: bool) -> RealtimeSession:
         """A turn-mode session: GA lane, or legacy if the client's first events ask for it;
@@ -73,6 +84,49 @@ class SessionFactory:
         vad = None if extensions else TurnDetection(**self.options.turn_detection_defaults)
         config = SessionConfig(id=new_id("sess_"), model=model, turn_detection=vad)
         ga_emit = emit if extensions else ga_only(emit)
-        ga = TurnSession(self.engine, config, self.options, ga_emit)
+        ga = ga_session(self.engine, config, self.options, ga_emit)
         ga_emit(session_created(ga.session_object(), legacy_id=new_id("sess-")))
         return TurnLanes(ga, lambda: LegacySession(self.engine, config, self.options, emit))
+
+
+def ga_session(engine: EngineClient, config: SessionConfig, options: SessionOptions, emit: Emit) -> Session:
+    """A GA-lane session with turn input (not greeted)."""
+    return Session(engine, config, options, emit, lane=GaLane, policy=TurnInput)
+
+
+def open_duplex_session(engine: EngineClient, options: SessionOptions, opening: dict[str, Any],
+                        model: str, emit: Emit, *, session_id: str | None = None,
+                        created_fields: Mapping[str, Any] | None = None) -> Session:
+    """A duplex-lane session opened with the `opening` session object (docs/realtime-api.md
+    §13.1): session.created, then session.updated with the same object. Its input is the
+    model's: units for a natively duplex model, else turns. Raises ProtocolError (the
+    connection then ends) when the object cannot open one: `model_not_found`, or
+    `invalid_session_config` naming the problem."""
+    check_model_fields(opening)
+    model = opening.get("model") or model
+    if model not in options.served_models:
+        raise ProtocolError("model_not_found", f"The model `{str(model)[:200]}` does not exist.", "model")
+    native = engine.native_duplex
+    policy: Callable[[SessionCore], InputPolicy]
+    if native is None:
+        if opening.get("ref_audio") is not None:
+            raise ProtocolError("invalid_duplex_runtime_config", "this model takes no ref_audio (it has no voice "
+                                "cloning); choose a voice", "ref_audio")
+        policy, settings = OverlapTurnInput, None
+    else:  # the model-facing fields are read before the opening applies
+        settings = native_settings(opening, options)
+        policy = partial(UnitInput if settings.auto_response else CommitDrivenUnitInput, native=native)
+
+    def duplex_emit(server_event: dict[str, Any]) -> None:
+        emit(duplex_view(server_event, epoch=session.responses.epoch))
+
+    config = SessionConfig(id=session_id or new_id("duplex-"), model=model, input_format=DUPLEX_INPUT)
+    session = Session(engine, config, options, duplex_emit, lane=DuplexLane, policy=policy)
+    session.lane_part.open(opening)
+    model_opening = None if settings is None else native_opening(opening, session.config.wants_audio, settings)
+    # resume credentials (attachment_generation, resume_token) ride on session.created only
+    duplex_emit(event(SESSION_CREATED, session=session.session_object(), **(created_fields or {})))
+    duplex_emit(session_updated(session=session.session_object()))
+    if isinstance(session.policy, UnitInput | CommitDrivenUnitInput):
+        session.policy.start(model_opening)  # the model's context prefill runs first, ahead of any input
+    return session

@@ -32,14 +32,14 @@ from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.server_events import b64, flat_error
 from vllm_omni.protocol.session_config import SessionConfig
 from vllm_omni.protocol.states import Lane
-from vllm_omni.session.base import ConfiguredSession, Emit, SessionOptions, reporting
+from vllm_omni.session.base import Emit, SessionOptions, reporting
 
 logger = logging.getLogger(__name__)
 
 MAX_QUEUED_INPUT_BYTES = 16 * 1024 * 1024  # appends held until a `final:false` commit (as float32)
 
 
-class LegacySession(ConfiguredSession):
+class LegacySession:
     lane = Lane.LEGACY
 
     def __init__(self, engine: EngineClient, config: SessionConfig, options: SessionOptions, emit: Emit):
@@ -58,6 +58,14 @@ class LegacySession(ConfiguredSession):
             "input_audio_buffer.append": self._on_append,
             "input_audio_buffer.commit": self._on_commit,
         }
+
+    @property
+    def id(self) -> str:
+        return self.config.id
+
+    @property
+    def idle_timeout_s(self) -> float:
+        return self.config.idle_timeout_s
 
     def error(self, code: str, message: str) -> None:
         self._emit(flat_error(code, message))

@@ -32,6 +32,8 @@ class ResponseController:
     def __init__(self, engine: EngineClient, emit: Emit, *,
                  conversation: Conversation, config: Callable[[], SessionConfig], default_speaker: str | None,
                  resolve_input: Callable[[list[Any]], Awaitable[list[Item]]],
+                 produce: Callable[[ResponseRun, OmniRequest, str | None], None],
+                 on_cancelled: Callable[[], None],
                  on_started: Callable[[], None], on_completed: Callable[[ResponseRun], None]):
         self.engine = engine
         self._emit = emit
@@ -39,6 +41,8 @@ class ResponseController:
         self._config = config
         self._resolve_input = resolve_input
         self.default_speaker = default_speaker
+        self._produce = produce  # starts a created response: the engine generates it, or a unit model is fed
+        self._on_cancelled = on_cancelled
         self._on_started, self._on_completed = on_started, on_completed
         self.epoch = 0  # barge-ins and cancels so far
         self.active: ResponseRun | None = None
@@ -47,9 +51,6 @@ class ResponseController:
         self.unanswered = False  # user input in the conversation that no response has answered yet
         self._spoke = False  # a finished response produced audio
         self._deferred = False  # a server-initiated response waits for the active one to end
-        # set by a session whose model answers unit by unit (a commit-driven natively duplex
-        # model): it feeds each response it is handed instead of the engine generating one
-        self.feed_answer: Callable[[ResponseRun], None] | None = None
 
     # Creating ---------------------------------------------------------------------------------
 
@@ -81,17 +82,13 @@ class ResponseController:
     def _start(self, options: ResponseOptions, context: list[Item] | None = None) -> None:
         """`context`: the items the response answers instead of the conversation."""
         run, previous = self._new_run(options, context)
-        if self.feed_answer is not None:
-            run.open(previous)
-            self.feed_answer(run)
-            return
         messages = prompt_messages(options.instructions, self.conversation.items if context is None else context)
         request = OmniRequest(messages, request_id=f"{run.session_id}-{run.id}", speaker=options.speaker,
                               modalities=tuple(options.modalities),
                               max_output_tokens=options.max_output_tokens if options.client_limited else None,
                               temperature=options.temperature, tools=options.tools, tool_choice=options.tool_choice,
                               affinity_key=run.session_id)
-        run.start(self.engine, request, previous)
+        self._produce(run, request, previous)
 
     def begin_fed(self) -> ResponseRun:
         """A response the session feeds unit by unit (a natively duplex model's turn), announced."""
@@ -146,7 +143,10 @@ class ResponseController:
             return False
         self.epoch += 1
         run.cut_transcript(run.playback["committed_ms"])
-        return run.cancel(self.engine, reason)
+        if not run.cancel(self.engine, reason):
+            return False
+        self._on_cancelled()
+        return True
 
     def cancel(self, ev: ce.ResponseReference) -> None:
         """response.cancel (of the active response, or the one it names)."""
