@@ -18,7 +18,7 @@ from vllm_omni.client.connection import RealtimeConnection as Client
 from vllm_omni.client.streaming import append_events as client_append_events
 from vllm_omni.config import get_deploy_config_path, load_deploy_config, modify_stage_config
 from vllm_omni.engine import OmniEngine
-from vllm_omni.engine.native_duplex import NativeDuplexEngine
+from vllm_omni.engine.interface import ServedEngine
 from vllm_omni.models.qwen3_omni.family import Qwen3OmniFamily
 from vllm_omni.server.app import create_app
 from vllm_omni.server.settings import ServerSettings
@@ -83,7 +83,7 @@ def borrowed_loop() -> asyncio.AbstractEventLoop:
 
 
 @contextmanager
-def serving(engine: OmniEngine | NativeDuplexEngine, model_name: str = MODEL_NAME, *, borrowed: bool = False,
+def serving(engine: ServedEngine, model_name: str = MODEL_NAME, *, borrowed: bool = False,
             **settings: Any):
     """Serve an existing engine on a free port; yield (ws URL, engine, app). The server shuts
     the engine down when it stops, unless it is `borrowed` (then it runs on `borrowed_loop`)."""

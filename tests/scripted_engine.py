@@ -100,7 +100,6 @@ class ScriptedEngine:
     default_speaker: str | None = "aria"
     output_sample_rate: int = 24000
     accepts_images: bool = True
-    native_duplex: None = None  # a turn-based model
     requests: list[OmniRequest] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     _aborts: dict[str, asyncio.Event] = field(default_factory=dict)

@@ -131,8 +131,18 @@ async def test_when_the_host_goes_away_requests_in_flight_fail(hosted) -> None:
         await anext(remote.generate(OmniRequest([Message("user", text="again")])))
 
 
-def test_a_native_duplex_engine_is_refused(tmp_path) -> None:
-    engine = HostedEngine(native_duplex=object())  # its sessions' state lives in its process
+@dataclass
+class HostedUnitEngine(HostedEngine):
+    """A unit engine's shape (engine/interface.py UnitEngine): its sessions' state lives in its process."""
+
+    unit_ms: int = 80
+
+    async def open_stream(self, opening):
+        raise AssertionError("never opened here")
+
+
+def test_a_unit_engine_is_refused(tmp_path) -> None:
+    engine = HostedUnitEngine()
     assert "turn-based models only" in refusal(engine)
     with pytest.raises(ValueError, match="--api-server-count 1"):
         EngineHost(engine, str(tmp_path / "engine.sock"))

@@ -23,7 +23,7 @@ from vllm_omni.engine.host_link import (
     read_message,
     write_message,
 )
-from vllm_omni.engine.interface import ServedEngine
+from vllm_omni.engine.interface import ServedEngine, UnitEngine
 from vllm_omni.engine.request import OmniRequest
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class _Frontend:
 
 def refusal(engine: ServedEngine) -> str | None:
     """Why `engine` cannot be served to several frontends (None: it can)."""
-    if engine.native_duplex is not None:
+    if isinstance(engine, UnitEngine):
         return ("several API frontends serve turn-based models only: a native duplex model keeps each "
                 "session's state in the process that runs it (use --api-server-count 1)")
     return None

@@ -1,17 +1,24 @@
-"""The engine as the session layer sees it: a small async interface, so sessions can be
-driven by any engine (the real orchestrator, or a scripted stand-in in unit tests)."""
+"""The engine as the session layer sees it: two small async interfaces sharing what describes an
+engine, so sessions can be driven by any engine (the real ones, or a scripted stand-in in unit
+tests).
+
+A turn engine (`TurnEngine`: the stage pipeline of engine/orchestrator.py, or its remote
+frontend) `generate`s each request's streams. A unit engine (`UnitEngine`: engine/unit_engine.py
+serving a family's `UnitModel`) `open`s one unit stream per session, for a model that hears
+its input unit by unit and decides itself when to speak.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from vllm_omni.engine.native_duplex import NativeDuplexEngine
+from vllm_omni.engine.native_duplex import DuplexOpening, NativeDuplexStream
 from vllm_omni.engine.replicas import ReplicaStats
 from vllm_omni.engine.request import AudioInputStream, EngineOutput, OmniRequest
 
 
-class EngineClient(Protocol):
+class EngineInfo(Protocol):
     @property
     def speakers(self) -> list[str]:
         """Voice names the model knows (lower case)."""
@@ -22,19 +29,17 @@ class EngineClient(Protocol):
 
     @property
     def output_sample_rate(self) -> int:
-        """Sample rate of the audio chunks `generate` yields."""
+        """Sample rate of the audio the engine produces."""
 
     @property
     def accepts_images(self) -> bool:
         """Whether user turns may carry images (the model sees them and the deploy allows them)."""
 
-    @property
-    def native_duplex(self) -> NativeDuplexEngine | None:
-        """Unit streams of a model that decides its own turns (None: a turn-based model)."""
-
     def create_audio_stream(self) -> AudioInputStream:
-        """A stream to hand user audio to while the user is still speaking."""
+        """A stream to hand a user turn's audio to while the user is still speaking."""
 
+
+class TurnEngine(EngineInfo, Protocol):
     def generate(self, request: OmniRequest) -> AsyncIterator[EngineOutput]:
         """Stream the request's outputs: text deltas, audio chunks, then one `RequestFinished`.
         Raises `RequestError` (or `StageUnavailableError`) for a request it cannot take."""
@@ -43,7 +48,20 @@ class EngineClient(Protocol):
         """Stop a request in every stage; False if it is not running."""
 
 
-class ServedEngine(EngineClient, Protocol):
+@runtime_checkable
+class UnitEngine(EngineInfo, Protocol):
+    @property
+    def unit_ms(self) -> int:
+        """How much input the model hears per decision (docs/realtime-api.md §13.7)."""
+
+    async def open_stream(self, opening: DuplexOpening) -> NativeDuplexStream:
+        """A session's unit stream, its context started from `opening`."""
+
+
+EngineClient = TurnEngine | UnitEngine
+
+
+class ServedEngine(EngineInfo, Protocol):
     """What the server needs beyond sessions: health, load and shutdown."""
 
     def unhealthy_stages(self) -> list[str]:

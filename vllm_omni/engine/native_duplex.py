@@ -2,21 +2,21 @@
 to listen or to speak (docs/realtime-api.md §13.7; MiniCPM-o 4.5 in docs/minicpmo.md).
 
 A family provides a `UnitModel` (it keeps blocking compute off the event loop itself);
-`NativeDuplexEngine` serves it to sessions, every call with a timeout, so a stuck unit fails
-its own call instead of hanging the session.
+`NativeDuplexEngine` (a `UnitEngine`, engine/interface.py) serves it to sessions, every call
+with a timeout, so a stuck unit fails its own call instead of hanging the session.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
 
 import numpy as np
 
 from vllm_omni.engine.replicas import ReplicaStats
-from vllm_omni.engine.request import AudioInputStream, EngineOutput, OmniRequest, RequestError
+from vllm_omni.engine.request import AudioInputStream
 
 T = TypeVar("T")
 ScriptedDecision = Literal["listen", "speak", "speak_end"]  # test-only per-unit decisions (docs/minicpmo.md)
@@ -84,7 +84,10 @@ class UnitSession(Protocol):
 
 
 class UnitModel(Protocol):
+    """A family's natively duplex model, as `NativeDuplexEngine` serves it."""
+
     output_sample_rate: int
+    unit_ms: int  # input per decision
 
     async def open(self, opening: DuplexOpening) -> UnitSession: ...
 
@@ -135,8 +138,7 @@ class NativeDuplexStream:
 
 
 class NativeDuplexEngine:
-    """The engine of a natively duplex model: sessions open streams (`open_stream`); it takes no
-    turn-shaped requests."""
+    """The unit engine of a natively duplex model: each session opens its stream (`open_stream`)."""
 
     def __init__(self, model: UnitModel, *, call_timeout_s: float = CALL_TIMEOUT_S):
         self.model = model
@@ -157,11 +159,11 @@ class NativeDuplexEngine:
         self.open_streams += 1
         return NativeDuplexStream(self, session)
 
-    # EngineClient ------------------------------------------------------------------------------
+    # UnitEngine (engine/interface.py) -----------------------------------------------------------
 
     @property
-    def native_duplex(self) -> NativeDuplexEngine:
-        return self
+    def unit_ms(self) -> int:
+        return self.model.unit_ms
 
     @property
     def speakers(self) -> list[str]:
@@ -181,13 +183,6 @@ class NativeDuplexEngine:
 
     def create_audio_stream(self) -> AudioInputStream:
         return HeldAudioStream()
-
-    async def generate(self, request: OmniRequest) -> AsyncIterator[EngineOutput]:
-        raise RequestError("this model decides its own turns: it serves native duplex sessions only")
-        yield  # an async generator, as the interface has it
-
-    async def abort(self, request_id: str) -> bool:
-        return False
 
     # ServedEngine ------------------------------------------------------------------------------
 

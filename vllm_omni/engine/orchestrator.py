@@ -144,10 +144,6 @@ class OmniEngine:
     def accepts_images(self) -> bool:
         return self.deploy.stage_by_role(self.family.text_role).engine_args.mm_limit("image") > 0
 
-    @property
-    def native_duplex(self) -> None:
-        return None  # a pipeline family answers whole turns
-
     async def generate(self, request: OmniRequest) -> AsyncIterator[EngineOutput]:
         """Submit `request` and stream its outputs; raises RequestError for bad input."""
         record = self._admit(request)

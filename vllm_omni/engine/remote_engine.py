@@ -69,10 +69,6 @@ class RemoteEngine:
     def accepts_images(self) -> bool:
         return self._description.accepts_images
 
-    @property
-    def native_duplex(self) -> None:
-        return None  # the host refuses a native duplex model
-
     def create_audio_stream(self) -> AudioInputStream:
         return self._description.audio_stream_type()
 

@@ -1,6 +1,8 @@
 """Which model family serves a checkpoint, found by its config's `architectures` (or
 `model_type`). The CLI, the offline API and the tests build engines through here; a new
-family is one entry in `FAMILIES`."""
+family is its folder plus one entry in `FAMILIES`: a turn family's loader gives a
+`ModelFamily` (engine/family.py) whose stage pipeline `OmniEngine` runs, a unit family's a
+`UnitModel` (engine/native_duplex.py) that `NativeDuplexEngine` serves session by session."""
 
 from __future__ import annotations
 
@@ -21,17 +23,17 @@ class FamilyEntry:
     name: str
     architectures: tuple[str, ...]
     model_types: tuple[str, ...]
-    # "module:Class" with a `load(model, deploy, **options)` classmethod: a `ModelFamily` whose
-    # stage pipeline the engine runs, or (`native_duplex`) the engine itself
+    # "module:Class" with a `load(model, deploy, **options)` classmethod: a `ModelFamily`, or
+    # (`units`) a `UnitModel`
     loader: str
-    native_duplex: bool = False  # the model decides its own turns (engine/native_duplex.py)
+    units: bool = False  # the model hears input unit by unit and decides its own turns
 
 
 FAMILIES = (
     FamilyEntry("qwen3_omni", ("Qwen3OmniMoeForConditionalGeneration",), ("qwen3_omni_moe",),
                 "vllm_omni.models.qwen3_omni.family:Qwen3OmniFamily"),
     FamilyEntry("minicpmo_4_5", ("MiniCPMO",), ("minicpmo",),
-                "vllm_omni.models.minicpmo.duplex_model:MiniCPMOUnitModel", native_duplex=True),
+                "vllm_omni.models.minicpmo.duplex_model:MiniCPMOUnitModel", units=True),
 )
 
 
@@ -66,7 +68,7 @@ def _load(entry: FamilyEntry, model: str | Path, deploy: DeployConfig, **options
 
 def load_family(model: str | Path, deploy: DeployConfig, **options: Any) -> ModelFamily:
     entry = find_family(checkpoint_config(model))
-    if entry.native_duplex:
+    if entry.units:
         raise UnknownModelError(f"{entry.name} decides its own turns: it has no stage pipeline to load")
     return _load(entry, model, deploy, **options)
 
@@ -76,6 +78,6 @@ def load_engine(model: str | Path, deploy_config: str | Path | DeployConfig,
     """An engine serving `model` with the family its checkpoint belongs to."""
     deploy = deploy_config if isinstance(deploy_config, DeployConfig) else load_deploy_config(deploy_config)
     entry = find_family(checkpoint_config(model))
-    if entry.native_duplex:
-        return _load(entry, model, deploy, **options)
+    if entry.units:
+        return NativeDuplexEngine(_load(entry, model, deploy, **options))
     return OmniEngine(_load(entry, model, deploy, **options))

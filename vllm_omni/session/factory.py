@@ -11,7 +11,7 @@ from typing import Any
 
 from vllm_omni.audio.formats import AudioFormat
 from vllm_omni.audio.pcm import MODEL_RATE
-from vllm_omni.engine.interface import EngineClient
+from vllm_omni.engine.interface import EngineClient, UnitEngine
 from vllm_omni.protocol.duplex_view import duplex_view
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.query_flags import query_flag
@@ -106,16 +106,15 @@ def open_duplex_session(engine: EngineClient, options: SessionOptions, opening: 
     model = opening.get("model") or model
     if model not in options.served_models:
         raise ProtocolError("model_not_found", f"The model `{str(model)[:200]}` does not exist.", "model")
-    native = engine.native_duplex
     policy: Callable[[SessionCore], InputPolicy]
-    if native is None:
+    if not isinstance(engine, UnitEngine):
         if opening.get("ref_audio") is not None:
             raise ProtocolError("invalid_duplex_runtime_config", "this model takes no ref_audio (it has no voice "
                                 "cloning); choose a voice", "ref_audio")
         policy, settings = OverlapTurnInput, None
     else:  # the model-facing fields are read before the opening applies
         settings = native_settings(opening, options)
-        policy = partial(UnitInput if settings.auto_response else CommitDrivenUnitInput, native=native)
+        policy = partial(UnitInput if settings.auto_response else CommitDrivenUnitInput, native=engine)
 
     def duplex_emit(server_event: dict[str, Any]) -> None:
         emit(duplex_view(server_event, epoch=session.responses.epoch))

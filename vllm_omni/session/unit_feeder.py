@@ -17,7 +17,8 @@ from typing import Literal
 
 import numpy as np
 
-from vllm_omni.engine.native_duplex import DuplexOpening, NativeDuplexEngine, NativeDuplexStream, UnitDecision
+from vllm_omni.engine.interface import UnitEngine
+from vllm_omni.engine.native_duplex import DuplexOpening, NativeDuplexStream, UnitDecision
 from vllm_omni.engine.request import AudioChunk
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.server_event_builders import response_speak
@@ -55,7 +56,7 @@ class Append:
 
 
 class UnitFeeder:
-    def __init__(self, core: SessionCore, native: NativeDuplexEngine, continuation_limit: int):
+    def __init__(self, core: SessionCore, native: UnitEngine, continuation_limit: int):
         self.core = core
         self.native = native
         self._continuation_limit = continuation_limit  # silence units one response may be fed

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_omni.engine.native_duplex import DuplexOpening, NativeDuplexEngine
+from vllm_omni.engine.interface import UnitEngine
+from vllm_omni.engine.native_duplex import DuplexOpening
 from vllm_omni.engine.request import OmniRequest
 from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.errors import ProtocolError
@@ -41,9 +42,10 @@ class UnitInput:
 
     mode = "native_duplex"
 
-    def __init__(self, core: SessionCore, native: NativeDuplexEngine):
+    def __init__(self, core: SessionCore, native: UnitEngine):
         self.core = core
         self.feeder = UnitFeeder(core, native, core.options.native_duplex.continuation_limit_units)
+        self._unit_ms = native.unit_ms
         self.turn = TurnInput(core, commit=self._commit)
         self._uncommitted = 0  # samples since the last commit (kept as a count: the model has heard them)
         self._speech_since_commit = False  # else a commit only records an empty turn
@@ -54,7 +56,7 @@ class UnitInput:
                 "response.create": self._create_response}
 
     def capabilities(self) -> dict[str, Any]:
-        return native_capabilities(self.core)
+        return native_capabilities(self.core, self._unit_ms)
 
     def check_update(self, update: dict[str, Any]) -> None:
         check_native_update(update)
@@ -157,10 +159,11 @@ class CommitDrivenUnitInput:
 
     mode = "native_duplex"
 
-    def __init__(self, core: SessionCore, native: NativeDuplexEngine):
+    def __init__(self, core: SessionCore, native: UnitEngine):
         self.core = core
         limit = min(core.options.native_duplex.continuation_limit_units, COMMIT_CONTINUATION_LIMIT)
         self.feeder = UnitFeeder(core, native, limit)
+        self._unit_ms = native.unit_ms
         self.overlap = OverlapTurnInput(core, commit=self._commit)
 
     def handlers(self) -> Handlers:
@@ -168,7 +171,7 @@ class CommitDrivenUnitInput:
                 "response.create": self._create_response}
 
     def capabilities(self) -> dict[str, Any]:
-        return native_capabilities(self.core)
+        return native_capabilities(self.core, self._unit_ms)
 
     def check_update(self, update: dict[str, Any]) -> None:
         check_native_update(update)
@@ -225,8 +228,9 @@ def feed_answer(feeder: UnitFeeder, run: ResponseRun, previous_item_id: str | No
     feeder.answer(run)
 
 
-def native_capabilities(core: SessionCore) -> dict[str, Any]:
-    return capabilities("model_native_duplex", max_sessions=core.options.max_sessions)
+def native_capabilities(core: SessionCore, unit_ms: int) -> dict[str, Any]:
+    """The natively duplex column, with the period of the model's own units."""
+    return {**capabilities("model_native_duplex", max_sessions=core.options.max_sessions), "chunk_period_ms": unit_ms}
 
 
 def check_native_update(update: dict[str, Any]) -> None:

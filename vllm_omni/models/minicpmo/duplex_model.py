@@ -19,11 +19,11 @@ import torch
 from vllm_omni.audio.pcm import MODEL_RATE, float_to_pcm16_bytes
 from vllm_omni.config import DeployConfig
 from vllm_omni.engine.backends.vllm.engine_driver import engine_kwargs, stage_devices
-from vllm_omni.engine.native_duplex import DuplexOpening, NativeDuplexEngine, UnitDecision
+from vllm_omni.engine.native_duplex import DuplexOpening, UnitDecision
 from vllm_omni.models.minicpmo.audio_encoder import AudioEncoderState
 from vllm_omni.models.minicpmo.config import register_hf_classes
 from vllm_omni.models.minicpmo.duplex_loop import DEFAULT_SYSTEM_PROMPT, SessionState
-from vllm_omni.models.minicpmo.mel_stream import StreamingMel, unit_close_samples
+from vllm_omni.models.minicpmo.mel_stream import UNIT_SAMPLES, StreamingMel, unit_close_samples
 from vllm_omni.models.minicpmo.talker import TalkerSampling
 from vllm_omni.models.minicpmo.token2wav import Token2Wav
 from vllm_omni.models.minicpmo.token2wav_stream import Token2WavStream
@@ -46,6 +46,7 @@ class MiniCPMOUnitModel:
     session's speech is vocoded while the next unit is decided."""
 
     output_sample_rate = OUTPUT_SAMPLE_RATE
+    unit_ms = UNIT_SAMPLES * 1000 // MODEL_RATE  # unit 0 is 30 ms longer (mel_stream.py)
 
     def __init__(self, thinker: TorchDuplexThinker | VllmDuplexThinker, vocoder: Token2Wav,
                  compute: ThreadPoolExecutor):
@@ -53,8 +54,8 @@ class MiniCPMOUnitModel:
         self.vocoding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minicpmo-token2wav")
 
     @classmethod
-    def load(cls, model: str | Path, deploy: DeployConfig) -> NativeDuplexEngine:
-        """The engine serving `model` with the deploy's sampling (stage 0: the thinker's per-unit
+    def load(cls, model: str | Path, deploy: DeployConfig) -> MiniCPMOUnitModel:
+        """`model` loaded with the deploy's sampling (stage 0: the thinker's per-unit
         decoding, stage 1: the talker's) and stage 0's backend."""
         if deploy.session_mode != "duplex":
             raise ValueError("MiniCPM-o decides its own turns: serve it with session_mode: duplex")
@@ -85,7 +86,7 @@ class MiniCPMOUnitModel:
                                         **engine_kwargs(stage, str(model)))
         else:
             llm = TorchDuplexThinker(model, unit_sampling, talker_sampling)
-        return NativeDuplexEngine(cls(llm, Token2Wav.from_checkpoint(model), compute))
+        return cls(llm, Token2Wav.from_checkpoint(model), compute)
 
     async def open(self, opening: DuplexOpening) -> MiniCPMOUnitSession:
         voice = None if opening.voice_prompt is None else await self.run(self.voice_rows, opening.voice_prompt)
