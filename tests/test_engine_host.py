@@ -136,6 +136,13 @@ class HostedUnitEngine(HostedEngine):
     """A unit engine's shape (engine/interface.py UnitEngine): its sessions' state lives in its process."""
 
     unit_ms: int = 80
+    setting_keys: frozenset[str] = frozenset()
+
+    def check_settings(self, settings) -> None:
+        """It reads no settings."""
+
+    def check_update(self, settings) -> None:
+        """It reads no settings."""
 
     async def open_stream(self, opening):
         raise AssertionError("never opened here")

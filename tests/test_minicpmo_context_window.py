@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from vllm_omni.engine.native_duplex import ContextWindow
 from vllm_omni.models.minicpmo.context_window import KeptUnit, Rows, WindowState, runs_length
+from vllm_omni.models.minicpmo.opening_settings import ContextWindow
 
 SYSTEM = [[1] * 8]  # 8 positions before the previous text…
 SUFFIX = [[2] * 2]  # …and 2 after it

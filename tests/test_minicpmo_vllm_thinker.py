@@ -16,10 +16,10 @@ import torch
 from PIL import Image
 
 from tests.conftest import read_fixture_pcm
-from vllm_omni.engine.native_duplex import ContextWindow
 from vllm_omni.models.minicpmo.audio_encoder import AudioEncoderState
 from vllm_omni.models.minicpmo.duplex_loop import Feed, Step, UnitResult
 from vllm_omni.models.minicpmo.mel_stream import StreamingMel, unit_close_samples
+from vllm_omni.models.minicpmo.opening_settings import ContextWindow
 from vllm_omni.models.minicpmo.talker import TalkerSampling
 from vllm_omni.models.minicpmo.torch_thinker import TorchDuplexThinker
 from vllm_omni.models.minicpmo.unit_decoder import ScriptedDecision, UnitSampling

@@ -5,7 +5,7 @@ listen ends a turn it is speaking. Deterministic, so a session's events are exac
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,13 @@ class StubUnitSession:
 class StubUnitModel:
     output_sample_rate = OUTPUT_RATE
     unit_ms = UNIT_MS
+    setting_keys: frozenset[str] = frozenset()  # it reads none of the opening's extra_body
+
+    def check_settings(self, settings: Mapping[str, Any]) -> None:
+        """No settings of its own."""
+
+    def check_update(self, settings: Mapping[str, Any]) -> None:
+        """No settings of its own."""
 
     @classmethod
     def load(cls, model: str | Path, deploy: Any) -> StubUnitModel:

@@ -16,13 +16,8 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_omni.engine.host_link import (
-    STATUS_INTERVAL_S,
-    EngineDescription,
-    EngineStatus,
-    read_message,
-    write_message,
-)
+from vllm_omni.engine import host_link as link
+from vllm_omni.engine.host_link import STATUS_INTERVAL_S, EngineDescription, EngineStatus, read_message, write_message
 from vllm_omni.engine.interface import ServedEngine, UnitEngine
 from vllm_omni.engine.request import OmniRequest
 
@@ -48,7 +43,7 @@ class _Frontend:
     requests: dict[str, asyncio.Task] = field(default_factory=dict)
     sessions: set[str] = field(default_factory=set)  # duplex sessions it claimed
 
-    def send(self, *message: Any) -> None:
+    def send(self, message: link.ToFrontend) -> None:
         if not self.writer.is_closing():
             write_message(self.writer, message)
 
@@ -102,14 +97,14 @@ class EngineHost:
         while True:
             status = engine_status(self.engine)
             for frontend in list(self._frontends):
-                frontend.send("status", status)
+                frontend.send(link.Status(status))
             await asyncio.sleep(STATUS_INTERVAL_S)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         frontend = _Frontend(writer)
         self._frontends.add(frontend)
-        frontend.send("hello", self._description)
-        frontend.send("status", engine_status(self.engine))
+        frontend.send(link.Hello(self._description))
+        frontend.send(link.Status(engine_status(self.engine)))
         try:
             while True:
                 self._handle(frontend, await read_message(reader))
@@ -118,45 +113,39 @@ class EngineHost:
         finally:
             await self._forget(frontend)
 
-    def _handle(self, frontend: _Frontend, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "generate":
-            request: OmniRequest = message[1]
-            frontend.requests[request.request_id] = self._spawn(self._generate(frontend, request))
-        elif kind == "call":
-            _, call_id, method, args = message
-            self._spawn(self._call(frontend, call_id, method, args))
-        elif kind == "claim":
-            _, session_id, address = message
-            self._owners[session_id] = address
-            frontend.sessions.add(session_id)
-        elif kind == "release":
-            self._owners.pop(message[1], None)
-            frontend.sessions.discard(message[1])
-        else:
-            logger.error("a frontend sent an unknown message %r", kind)
+    def _handle(self, frontend: _Frontend, message: link.ToHost) -> None:
+        match message:
+            case link.Generate(request):
+                frontend.requests[request.request_id] = self._spawn(self._generate(frontend, request))
+            case link.Call(call_id, method, args):
+                self._spawn(self._call(frontend, call_id, method, args))
+            case link.Claim(session_id, address):
+                self._owners[session_id] = address
+                frontend.sessions.add(session_id)
+            case link.Release(session_id):
+                self._owners.pop(session_id, None)
+                frontend.sessions.discard(session_id)
+            case _:
+                logger.error("a frontend sent an unknown message %r", type(message).__name__)
 
     async def _generate(self, frontend: _Frontend, request: OmniRequest) -> None:
         try:
             async for output in self.engine.generate(request):
-                frontend.send("output", request.request_id, output)
+                frontend.send(link.Output(request.request_id, output))
                 await frontend.flow()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            frontend.send("failed", request.request_id, exc)
+            frontend.send(link.Failed(request.request_id, exc))
         finally:
             frontend.requests.pop(request.request_id, None)
 
-    async def _call(self, frontend: _Frontend, call_id: int, method: str, args: tuple[Any, ...]) -> None:
-        if method == "abort":
+    async def _call(self, frontend: _Frontend, call_id: int, method: link.Method, args: tuple[Any, ...]) -> None:
+        if method is link.Method.ABORT:
             value: Any = await self.engine.abort(*args)
-        elif method == "owner":
-            value = self._owners.get(*args)
         else:
-            value = None
-            logger.error("a frontend called an unknown method %r", method)
-        frontend.send("reply", call_id, value)
+            value = self._owners.get(*args)
+        frontend.send(link.Reply(call_id, value))
 
     async def _forget(self, frontend: _Frontend) -> None:
         """A frontend went away: its requests stop (the engine aborts a request whose caller

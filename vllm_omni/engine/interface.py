@@ -10,8 +10,8 @@ its input unit by unit and decides itself when to speak.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Protocol, runtime_checkable
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from vllm_omni.engine.native_duplex import DuplexOpening, NativeDuplexStream
 from vllm_omni.engine.replicas import ReplicaStats
@@ -53,6 +53,16 @@ class UnitEngine(EngineInfo, Protocol):
     @property
     def unit_ms(self) -> int:
         """How much input the model hears per decision (docs/realtime-api.md §13.7)."""
+
+    @property
+    def setting_keys(self) -> frozenset[str]:
+        """The opening's `extra_body` keys the model reads itself (DuplexOpening.settings)."""
+
+    def check_settings(self, settings: Mapping[str, Any]) -> None:
+        """Raise SettingRefused (engine/native_duplex.py) for settings the model cannot take."""
+
+    def check_update(self, settings: Mapping[str, Any]) -> None:
+        """Raise SettingRefused for settings a session.update may not change once open."""
 
     async def open_stream(self, opening: DuplexOpening) -> NativeDuplexStream:
         """A session's unit stream, its context started from `opening`."""

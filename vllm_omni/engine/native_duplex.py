@@ -9,9 +9,9 @@ with a timeout, so a stuck unit fails its own call instead of hanging the sessio
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -19,28 +19,16 @@ from vllm_omni.engine.replicas import ReplicaStats
 from vllm_omni.engine.request import AudioInputStream
 
 T = TypeVar("T")
-ScriptedDecision = Literal["listen", "speak", "speak_end"]  # test-only per-unit decisions (docs/minicpmo.md)
-WindowMode = Literal["off", "basic", "context"]
 CALL_TIMEOUT_S = 60.0  # one append (every unit it closes) or one open; far above a unit's compute
 
 
-@dataclass(frozen=True)
-class ContextWindow:
-    """How a session's model context stays bounded (docs/minicpmo.md, "Context windows").
+class SettingRefused(ValueError):
+    """A model's own opening setting (`key`) that it cannot take; `code` is the protocol's
+    error code for it (docs/realtime-api.md §9)."""
 
-    `basic`: past `high_tokens` positions, the oldest units go, down to `low_tokens`.
-    `context`: beyond `max_units` units, the oldest go, but up to `previous_max_tokens` of
-    their text stays in the system turn. `off`: the context grows until the engine's own
-    limit nears; then units go as in `basic`."""
-
-    mode: WindowMode = "off"
-    high_tokens: int = 8000
-    low_tokens: int = 6000
-    max_units: int = 24
-    previous_max_tokens: int = 500
-
-
-DEFAULT_WINDOW = ContextWindow()
+    def __init__(self, code: str, message: str, key: str):
+        super().__init__(message)
+        self.code, self.message, self.key = code, message, key
 
 
 @dataclass(frozen=True)
@@ -51,9 +39,9 @@ class DuplexOpening:
     voice_prompt: np.ndarray | None = None  # 16 kHz float32 reference speech (`ref_audio`)
     wants_audio: bool = True  # speaking units are voiced (else text only)
     initial_user_text: str | None = None  # the user's opening turn, as text: the model answers it
-    force_listen_count: int = 0  # the first units of every model turn listen (0: off)
-    test_decisions: tuple[ScriptedDecision, ...] = ()  # per session unit, for tests only
-    window: ContextWindow = DEFAULT_WINDOW
+    # the model's own settings: the keys of its `setting_keys` the opening's extra_body set,
+    # as its `check_settings` accepted them
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -88,6 +76,13 @@ class UnitModel(Protocol):
 
     output_sample_rate: int
     unit_ms: int  # input per decision
+    setting_keys: frozenset[str]  # the opening's extra_body keys the model reads (DuplexOpening.settings)
+
+    def check_settings(self, settings: Mapping[str, Any]) -> None:
+        """Raise SettingRefused for an opening's settings the model cannot take."""
+
+    def check_update(self, settings: Mapping[str, Any]) -> None:
+        """Raise SettingRefused for settings a session.update may not change once open."""
 
     async def open(self, opening: DuplexOpening) -> UnitSession: ...
 
@@ -164,6 +159,16 @@ class NativeDuplexEngine:
     @property
     def unit_ms(self) -> int:
         return self.model.unit_ms
+
+    @property
+    def setting_keys(self) -> frozenset[str]:
+        return self.model.setting_keys
+
+    def check_settings(self, settings: Mapping[str, Any]) -> None:
+        self.model.check_settings(settings)
+
+    def check_update(self, settings: Mapping[str, Any]) -> None:
+        self.model.check_update(settings)
 
     @property
     def speakers(self) -> list[str]:

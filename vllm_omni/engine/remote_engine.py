@@ -14,6 +14,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from vllm_omni.engine import host_link as link
 from vllm_omni.engine.host_link import EngineDescription, EngineStatus, read_message, write_message
 from vllm_omni.engine.replicas import ReplicaStats
 from vllm_omni.engine.request import (
@@ -46,8 +47,10 @@ class RemoteEngine:
     async def connect(cls, socket_path: str) -> RemoteEngine:
         async def handshake() -> RemoteEngine:
             reader, writer = await asyncio.open_unix_connection(socket_path)
-            (_, description), (_, status) = await read_message(reader), await read_message(reader)
-            return cls(reader, writer, description, status)
+            hello, status = await read_message(reader), await read_message(reader)
+            if not isinstance(hello, link.Hello) or not isinstance(status, link.Status):
+                raise ConnectionError(f"the engine host greeted with {type(hello).__name__}, {type(status).__name__}")
+            return cls(reader, writer, hello.description, status.status)
 
         return await asyncio.wait_for(handshake(), CONNECT_TIMEOUT_S)
 
@@ -82,7 +85,7 @@ class RemoteEngine:
         self._streams[request.request_id] = outputs
         finished = False
         try:
-            self._send("generate", request)
+            self._send(link.Generate(request))
             while True:
                 item = await outputs.get()
                 if isinstance(item, Exception):
@@ -95,10 +98,10 @@ class RemoteEngine:
         finally:
             self._streams.pop(request.request_id, None)
             if not finished and not self.closed.is_set():  # the caller stopped listening
-                self._send("call", next(self._call_ids), "abort", (request.request_id,))
+                self._send(link.Call(next(self._call_ids), link.Method.ABORT, (request.request_id,)))
 
     async def abort(self, request_id: str) -> bool:
-        return bool(await self._call("abort", request_id))
+        return bool(await self._call(link.Method.ABORT, request_id))
 
     def unhealthy_stages(self) -> list[str]:
         return self._status.unhealthy_stages
@@ -119,32 +122,32 @@ class RemoteEngine:
 
     def claim(self, session_id: str, address: str) -> None:
         """Sessions with this id are served by the frontend at `address`."""
-        self._notify("claim", session_id, address)
+        self._notify(link.Claim(session_id, address))
 
     def release(self, session_id: str) -> None:
-        self._notify("release", session_id)
+        self._notify(link.Release(session_id))
 
     async def owner(self, session_id: str) -> str | None:
         """The address of the frontend that serves the session, if one does."""
-        return await self._call("owner", session_id)
+        return await self._call(link.Method.OWNER, session_id)
 
     # The link ---------------------------------------------------------------------------
 
-    def _send(self, *message: Any) -> None:
+    def _send(self, message: link.ToHost) -> None:
         if self.closed.is_set():
             raise StageUnavailableError(HOST_GONE)
         write_message(self._writer, message)
 
-    def _notify(self, *message: Any) -> None:
+    def _notify(self, message: link.ToHost) -> None:
         """A message whose loss does not matter once the host is gone (with it, the directory)."""
         if not self.closed.is_set():
             write_message(self._writer, message)
 
-    async def _call(self, method: str, *args: Any) -> Any:
+    async def _call(self, method: link.Method, *args: Any) -> Any:
         call_id = next(self._call_ids)
         reply = self._calls[call_id] = asyncio.get_running_loop().create_future()
         try:
-            self._send("call", call_id, method, args)
+            self._send(link.Call(call_id, method, args))
             return await asyncio.wait_for(reply, CALL_TIMEOUT_S)
         finally:
             self._calls.pop(call_id, None)
@@ -164,17 +167,17 @@ class RemoteEngine:
                 if not reply.done():
                     reply.set_exception(failure)
 
-    def _dispatch(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "status":
-            self._status = message[1]
-        elif kind in ("output", "failed"):
-            outputs = self._streams.get(message[1])
-            if outputs is not None:  # else a request its caller has left
-                outputs.put_nowait(message[2])
-        elif kind == "reply":
-            reply = self._calls.get(message[1])
-            if reply is not None and not reply.done():
-                reply.set_result(message[2])
-        else:
-            logger.error("the engine host sent an unknown message %r", kind)
+    def _dispatch(self, message: link.ToFrontend) -> None:
+        match message:
+            case link.Status(status):
+                self._status = status
+            case link.Output(request_id, item) | link.Failed(request_id, item):
+                outputs = self._streams.get(request_id)
+                if outputs is not None:  # else a request its caller has left
+                    outputs.put_nowait(item)
+            case link.Reply(call_id, value):
+                reply = self._calls.get(call_id)
+                if reply is not None and not reply.done():
+                    reply.set_result(value)
+            case _:
+                logger.error("the engine host sent an unexpected message %r", type(message).__name__)

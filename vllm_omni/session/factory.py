@@ -29,7 +29,7 @@ from vllm_omni.session.overlap_input import OverlapTurnInput
 from vllm_omni.session.session import InputPolicy, Session
 from vllm_omni.session.turn_input import TurnInput
 from vllm_omni.session.turn_lanes import TurnLanes
-from vllm_omni.session.unit_input import CommitDrivenUnitInput, UnitInput
+from vllm_omni.session.unit_input import UnitInput
 
 DUPLEX_INPUT = AudioFormat("pcm16", MODEL_RATE)  # the duplex lane's default input (docs/realtime-api.md §13.2)
 
@@ -113,8 +113,8 @@ def open_duplex_session(engine: EngineClient, options: SessionOptions, opening: 
                                 "cloning); choose a voice", "ref_audio")
         policy, settings = OverlapTurnInput, None
     else:  # the model-facing fields are read before the opening applies
-        settings = native_settings(opening, options)
-        policy = partial(UnitInput if settings.auto_response else CommitDrivenUnitInput, native=engine)
+        settings = native_settings(opening, options, engine)
+        policy = partial(UnitInput, native=engine, auto_response=settings.auto_response)
 
     def duplex_emit(server_event: dict[str, Any]) -> None:
         emit(duplex_view(server_event, epoch=session.responses.epoch))
@@ -126,6 +126,6 @@ def open_duplex_session(engine: EngineClient, options: SessionOptions, opening: 
     # resume credentials (attachment_generation, resume_token) ride on session.created only
     duplex_emit(event(SESSION_CREATED, session=session.session_object(), **(created_fields or {})))
     duplex_emit(session_updated(session=session.session_object()))
-    if isinstance(session.policy, UnitInput | CommitDrivenUnitInput):
+    if isinstance(session.policy, UnitInput):
         session.policy.start(model_opening)  # the model's context prefill runs first, ahead of any input
     return session

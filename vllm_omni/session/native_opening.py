@@ -3,19 +3,19 @@ checked, and the model context they start."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any
 
 from vllm_omni.audio.voice_prompt import decode_voice_prompt
-from vllm_omni.engine.native_duplex import DEFAULT_WINDOW, ContextWindow, DuplexOpening, ScriptedDecision, WindowMode
+from vllm_omni.engine.interface import UnitEngine
+from vllm_omni.engine.native_duplex import DuplexOpening, SettingRefused
 from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.session.base import SessionOptions
 
-TEST_DECISIONS = get_args(ScriptedDecision)
-WINDOW_SIZES = {"basic_window_high_tokens": "high_tokens", "basic_window_low_tokens": "low_tokens",
-                "context_max_units": "max_units", "context_previous_max_tokens": "previous_max_tokens"}
-WINDOW_KEYS = ("sliding_window_mode", *WINDOW_SIZES)
+TEST_DECISIONS_KEY = "duplex_test_decisions"  # a test control the deploy enables (NativeDuplexSettings)
 # What the deploy sets, never a client (docs/realtime-api.md §13.7); `initial_user_text` is the
 # session field's name (or `extra_body.duplex_initial_user_text`), reserved here.
 SERVER_OWNED_KEYS = ("duplex_stage_sampling_params", "duplex_stage_max_tokens", "duplex_stage0_max_tokens",
@@ -33,13 +33,11 @@ class NativeSettings:
     """A native session's model-facing fields (fixed when it opens)."""
 
     auto_response: bool  # the model hears the input as it arrives (else: at each commit)
-    force_listen_count: int
-    test_decisions: tuple[str, ...]
-    window: ContextWindow
+    model_settings: Mapping[str, Any]  # the model's own keys (UnitEngine.setting_keys), checked by it
 
 
-def native_settings(opening: dict[str, Any], options: SessionOptions) -> NativeSettings:
-    """The opening's model-facing `extra_body` fields, checked."""
+def native_settings(opening: dict[str, Any], options: SessionOptions, engine: UnitEngine) -> NativeSettings:
+    """The opening's model-facing `extra_body` fields, checked (the model checks its own)."""
     extra = opening.get("extra_body") or {}
     if not isinstance(extra, dict):
         raise ProtocolError("invalid_session_config", "extra_body must be an object", "extra_body")
@@ -48,19 +46,31 @@ def native_settings(opening: dict[str, Any], options: SessionOptions) -> NativeS
     if not isinstance(auto_response, bool):
         raise ProtocolError("invalid_session_config", "auto_response must be true or false",
                             "extra_body.auto_response")
-    count = extra.get("force_listen_count", 0)
-    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise ProtocolError("invalid_session_config", "force_listen_count must be a non-negative integer",
-                            "extra_body.force_listen_count")
-    script = extra.get("duplex_test_decisions")
-    if script is not None:
-        if not options.native_duplex.allow_test_decisions:
-            raise ProtocolError("invalid_session_config", "duplex_test_decisions is a test control this deploy "
-                                "does not enable", "extra_body.duplex_test_decisions")
-        if not isinstance(script, list) or any(step not in TEST_DECISIONS for step in script):
-            raise ProtocolError("invalid_session_config", f"duplex_test_decisions must be a list of "
-                                f"{', '.join(TEST_DECISIONS)}", "extra_body.duplex_test_decisions")
-    return NativeSettings(auto_response, count, tuple(script or ()), context_window(extra))
+    if extra.get(TEST_DECISIONS_KEY) is not None and not options.native_duplex.allow_test_decisions:
+        raise ProtocolError("invalid_session_config", "duplex_test_decisions is a test control this deploy "
+                            "does not enable", f"extra_body.{TEST_DECISIONS_KEY}")
+    model_settings = {key: value for key, value in extra.items() if key in engine.setting_keys}
+    with refused_as_protocol_error("extra_body."):
+        engine.check_settings(model_settings)
+    return NativeSettings(auto_response, model_settings)
+
+
+def check_model_update(update: dict[str, Any], engine: UnitEngine) -> None:
+    """What the model says a session.update may not change (its keys, in the update or in
+    its extra_body)."""
+    extra = update.get("extra_body") if isinstance(update.get("extra_body"), dict) else {}
+    changed = {key: value for source in (update, extra) for key, value in source.items()
+               if key in engine.setting_keys}
+    with refused_as_protocol_error(""):
+        engine.check_update(changed)
+
+
+@contextmanager
+def refused_as_protocol_error(param_prefix: str) -> Iterator[None]:
+    try:
+        yield
+    except SettingRefused as refused:
+        raise ProtocolError(refused.code, refused.message, param_prefix + refused.key) from None
 
 
 def check_server_owned(extra: dict[str, Any]) -> None:
@@ -80,25 +90,6 @@ def check_response_options(response: ce.ResponseSettings) -> None:
     if refused:
         raise ProtocolError("unsupported_native_response_options", f"this model does not support generation "
                             f"overrides on response.create: {', '.join(refused)}", f"response.{refused[0]}")
-
-
-def context_window(extra: dict[str, Any]) -> ContextWindow:
-    """The `extra_body` window keys (docs/minicpmo.md, "Context windows"), checked."""
-    mode = extra.get("sliding_window_mode", DEFAULT_WINDOW.mode)
-    if mode not in get_args(WindowMode):
-        raise ProtocolError("invalid_sliding_window_config", f"sliding_window_mode must be one of "
-                            f"{', '.join(get_args(WindowMode))}", "extra_body.sliding_window_mode")
-    sizes = {}
-    for key, name in WINDOW_SIZES.items():
-        value = extra.get(key, getattr(DEFAULT_WINDOW, name))
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ProtocolError("invalid_sliding_window_config", f"{key} must be a positive integer",
-                                f"extra_body.{key}")
-        sizes[name] = value
-    if sizes["low_tokens"] >= sizes["high_tokens"]:
-        raise ProtocolError("invalid_sliding_window_config", "basic_window_low_tokens must be below "
-                            "basic_window_high_tokens", "extra_body.basic_window_low_tokens")
-    return ContextWindow(mode, **sizes)
 
 
 def native_opening(opening: dict[str, Any], wants_audio: bool, settings: NativeSettings) -> DuplexOpening:
@@ -123,5 +114,4 @@ def native_opening(opening: dict[str, Any], wants_audio: bool, settings: NativeS
         raise ProtocolError("invalid_session_config", "initial_user_text must be a string", "initial_user_text")
     return DuplexOpening(instructions=instructions if isinstance(instructions, str) and instructions else None,
                          initial_user_text=user_text or None, voice_prompt=voice, wants_audio=wants_audio,
-                         force_listen_count=settings.force_listen_count, test_decisions=settings.test_decisions,
-                         window=settings.window)
+                         settings=settings.model_settings)

@@ -1,13 +1,13 @@
 """Unit input: a natively duplex model hears the input unit by unit and decides itself, per unit,
 whether to listen or to speak (docs/realtime-api.md §13.7; MiniCPM-o 4.5).
 
-With `auto_response` (UnitInput) every append goes, in arrival order, to the model; each unit
-it decides becomes `response.listen` or a delta of the response its speaking turn opened. A
-commit-driven session (CommitDrivenUnitInput) holds the audio as turn input on the duplex
-lane does; a commit hands the turn to the model, which hears it without answering, and a
-response feeds the model silence units until it has spoken its turn. Either way the user
-item keeps the turn's length, not its audio: the model has it, in a context that is kept,
-never re-read.
+`UnitInput` is the policy: the model's feeder and an intake. With `auto_response`
+(ContinuousIntake) every append goes, in arrival order, to the model; each unit it decides
+becomes `response.listen` or a delta of the response its speaking turn opened. A
+commit-driven session (CommitIntake) holds the audio as turn input on the duplex lane does;
+a commit hands the turn to the model, which hears it without answering, and a response
+feeds the model silence units until it has spoken its turn. Either way the user item keeps
+the turn's length, not its audio: the model has it, in a context that is kept, never re-read.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from vllm_omni.session.capabilities import capabilities
 from vllm_omni.session.conversation import Item
 from vllm_omni.session.core import Handlers, SessionCore
 from vllm_omni.session.input_track import MAX_PENDING_INPUT_BYTES, MIN_TURN_SAMPLES, SealedTurn, commit_too_small
-from vllm_omni.session.native_opening import WINDOW_KEYS, check_response_options, check_server_owned
+from vllm_omni.session.native_opening import check_model_update, check_response_options, check_server_owned
 from vllm_omni.session.native_response import no_spoken_turn, pending_user_input
 from vllm_omni.session.overlap import decide_native, sounds_like_speech
 from vllm_omni.session.overlap_input import SILENT_TURN, OverlapTurnInput, place
@@ -38,14 +38,65 @@ COMMIT_CONTINUATION_LIMIT = 8  # silence units a commit-driven response may be f
 
 
 class UnitInput:
-    """auto_response: the model hears all input as it arrives and owns when it answers."""
+    """The input policy of a natively duplex model (session/session.py InputPolicy)."""
 
     mode = "native_duplex"
 
-    def __init__(self, core: SessionCore, native: UnitEngine):
+    def __init__(self, core: SessionCore, native: UnitEngine, auto_response: bool):
         self.core = core
-        self.feeder = UnitFeeder(core, native, core.options.native_duplex.continuation_limit_units)
-        self._unit_ms = native.unit_ms
+        self._native = native
+        limit = core.options.native_duplex.continuation_limit_units
+        self.feeder = UnitFeeder(core, native, limit if auto_response else min(limit, COMMIT_CONTINUATION_LIMIT))
+        self.intake = ContinuousIntake(core, self.feeder) if auto_response else CommitIntake(core, self.feeder)
+
+    def handlers(self) -> Handlers:
+        return self.intake.handlers()
+
+    def capabilities(self) -> dict[str, Any]:
+        """The natively duplex column, with the period of the model's own units."""
+        return {**capabilities("model_native_duplex", max_sessions=self.core.options.max_sessions),
+                "chunk_period_ms": self._native.unit_ms}
+
+    def check_update(self, update: dict[str, Any]) -> None:
+        """What only the opening may set: the model's context is kept, never re-read."""
+        if "instructions" in update:
+            raise ProtocolError("instructions_update_unsupported", "instructions are part of the model's context: "
+                                "they can only be set when the session opens", "instructions")
+        extra = update.get("extra_body") or {}
+        if isinstance(extra, dict):
+            check_server_owned(extra)
+        check_model_update(update, self._native)
+
+    def start(self, opening: DuplexOpening) -> None:
+        """Open the model's stream (session.created and session.updated are out)."""
+        self.feeder.start(opening)
+
+    # What the core reports --------------------------------------------------------------------
+
+    def speech_started(self) -> None:
+        self.intake.speech_started()
+
+    def server_commit(self, sealed: SealedTurn) -> None:
+        self.intake.server_commit(sealed)
+
+    def produce(self, run: ResponseRun, request: OmniRequest, previous_item_id: str | None) -> None:
+        """A response the controller created: announced, then fed by the model's next turn (the
+        request is the engine's; the model answers in its own context)."""
+        run.open(previous_item_id)
+        self.feeder.answer(run)
+
+    def response_cancelled(self) -> None:
+        self.feeder.model_turn_cancelled()
+
+    async def close(self) -> None:
+        await self.feeder.close()
+
+
+class ContinuousIntake:
+    """auto_response: the model hears all input as it arrives and owns when it answers."""
+
+    def __init__(self, core: SessionCore, feeder: UnitFeeder):
+        self.core, self.feeder = core, feeder
         self.turn = TurnInput(core, commit=self._commit)
         self._uncommitted = 0  # samples since the last commit (kept as a count: the model has heard them)
         self._speech_since_commit = False  # else a commit only records an empty turn
@@ -54,17 +105,6 @@ class UnitInput:
         return {**self.turn.handlers(), "input_audio_buffer.append": self._append,
                 "input_audio_buffer.commit": self._commit_input, "input_audio_buffer.clear": self._clear_input,
                 "response.create": self._create_response}
-
-    def capabilities(self) -> dict[str, Any]:
-        return native_capabilities(self.core, self._unit_ms)
-
-    def check_update(self, update: dict[str, Any]) -> None:
-        check_native_update(update)
-
-    def start(self, opening: DuplexOpening) -> None:
-        self.feeder.start(opening)
-
-    # Client events ----------------------------------------------------------------------------
 
     def _append(self, ev: ce.InputAudioBufferAppend) -> None:
         """Any chunk size goes, up to the pending-input cap: the feeder hands the model whole
@@ -144,42 +184,17 @@ class UnitInput:
         """Server VAD ends the user's turn in the history only: the model owns when it answers."""
         self._commit(sealed, ())
 
-    def produce(self, run: ResponseRun, request: OmniRequest, previous_item_id: str | None) -> None:
-        feed_answer(self.feeder, run, previous_item_id)
 
-    def response_cancelled(self) -> None:
-        self.feeder.model_turn_cancelled()
-
-    async def close(self) -> None:
-        await self.feeder.close()
-
-
-class CommitDrivenUnitInput:
+class CommitIntake:
     """Without auto_response: turn input whose commits and responses drive the model."""
 
-    mode = "native_duplex"
-
-    def __init__(self, core: SessionCore, native: UnitEngine):
-        self.core = core
-        limit = min(core.options.native_duplex.continuation_limit_units, COMMIT_CONTINUATION_LIMIT)
-        self.feeder = UnitFeeder(core, native, limit)
-        self._unit_ms = native.unit_ms
+    def __init__(self, core: SessionCore, feeder: UnitFeeder):
+        self.core, self.feeder = core, feeder
         self.overlap = OverlapTurnInput(core, commit=self._commit)
 
     def handlers(self) -> Handlers:
         return {**self.overlap.handlers(), "input_audio_buffer.append": self._append,
                 "response.create": self._create_response}
-
-    def capabilities(self) -> dict[str, Any]:
-        return native_capabilities(self.core, self._unit_ms)
-
-    def check_update(self, update: dict[str, Any]) -> None:
-        check_native_update(update)
-
-    def start(self, opening: DuplexOpening) -> None:
-        self.feeder.start(opening)
-
-    # Client events ----------------------------------------------------------------------------
 
     def _append(self, ev: ce.InputAudioBufferAppend) -> None:
         """Held as turn input on the duplex lane holds it (idle silence is not kept)."""
@@ -210,38 +225,3 @@ class CommitDrivenUnitInput:
 
     def server_commit(self, sealed: SealedTurn) -> None:
         self.overlap.server_commit(sealed)
-
-    def produce(self, run: ResponseRun, request: OmniRequest, previous_item_id: str | None) -> None:
-        feed_answer(self.feeder, run, previous_item_id)
-
-    def response_cancelled(self) -> None:
-        self.feeder.model_turn_cancelled()
-
-    async def close(self) -> None:
-        await self.feeder.close()
-
-
-def feed_answer(feeder: UnitFeeder, run: ResponseRun, previous_item_id: str | None) -> None:
-    """A response the controller created: announced, then fed by the model's next turn (the
-    request is the engine's; the model answers in its own context)."""
-    run.open(previous_item_id)
-    feeder.answer(run)
-
-
-def native_capabilities(core: SessionCore, unit_ms: int) -> dict[str, Any]:
-    """The natively duplex column, with the period of the model's own units."""
-    return {**capabilities("model_native_duplex", max_sessions=core.options.max_sessions), "chunk_period_ms": unit_ms}
-
-
-def check_native_update(update: dict[str, Any]) -> None:
-    """What only the opening may set: the model's context is kept, never re-read."""
-    if "instructions" in update:
-        raise ProtocolError("instructions_update_unsupported", "instructions are part of the model's context: "
-                            "they can only be set when the session opens", "instructions")
-    extra = update.get("extra_body") or {}
-    if isinstance(extra, dict):
-        check_server_owned(extra)
-    window = next((key for key in WINDOW_KEYS if key in update or key in extra), None)
-    if window is not None:
-        raise ProtocolError("sliding_window_update_unsupported", f"{window} can only be set when the session "
-                            "opens", window)

@@ -16,7 +16,7 @@ from typing import Literal
 
 import torch
 
-from vllm_omni.engine.native_duplex import ContextWindow
+from vllm_omni.models.minicpmo.opening_settings import ContextWindow
 
 PREVIOUS_MARKER = "\n\nprevious: "  # before the dropped units' text, inside the system turn
 

@@ -32,11 +32,11 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 
-from vllm_omni.engine.native_duplex import DEFAULT_WINDOW, ContextWindow
 from vllm_omni.models.minicpmo.audio_encoder import ENCODER_FRAMES_PER_UNIT, AudioEncoderState, StreamingAudioEncoder
 from vllm_omni.models.minicpmo.config import MiniCPMOConfig, register_hf_classes
 from vllm_omni.models.minicpmo.context_window import PREVIOUS_MARKER, KeptUnit, Rows, Run, WindowState, runs_length
 from vllm_omni.models.minicpmo.mel_stream import StreamingMel
+from vllm_omni.models.minicpmo.opening_settings import DEFAULT_WINDOW, ContextWindow
 from vllm_omni.models.minicpmo.talker import Talker, TalkerSampling, TalkerTurn
 from vllm_omni.models.minicpmo.tokenizer import register_tokenizer
 from vllm_omni.models.minicpmo.unit_decoder import DuplexTokenIds, ScriptedDecision, UnitDecoder, UnitSampling

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,6 +24,7 @@ from vllm_omni.models.minicpmo.audio_encoder import AudioEncoderState
 from vllm_omni.models.minicpmo.config import register_hf_classes
 from vllm_omni.models.minicpmo.duplex_loop import DEFAULT_SYSTEM_PROMPT, SessionState
 from vllm_omni.models.minicpmo.mel_stream import UNIT_SAMPLES, StreamingMel, unit_close_samples
+from vllm_omni.models.minicpmo.opening_settings import SETTING_KEYS, OpeningSettings, check_update, opening_settings
 from vllm_omni.models.minicpmo.talker import TalkerSampling
 from vllm_omni.models.minicpmo.token2wav import Token2Wav
 from vllm_omni.models.minicpmo.token2wav_stream import Token2WavStream
@@ -47,6 +48,13 @@ class MiniCPMOUnitModel:
 
     output_sample_rate = OUTPUT_SAMPLE_RATE
     unit_ms = UNIT_SAMPLES * 1000 // MODEL_RATE  # unit 0 is 30 ms longer (mel_stream.py)
+    setting_keys = SETTING_KEYS
+
+    def check_settings(self, settings: Mapping[str, Any]) -> None:
+        opening_settings(settings)
+
+    def check_update(self, settings: Mapping[str, Any]) -> None:
+        check_update(settings)
 
     def __init__(self, thinker: TorchDuplexThinker | VllmDuplexThinker, vocoder: Token2Wav,
                  compute: ThreadPoolExecutor):
@@ -89,17 +97,18 @@ class MiniCPMOUnitModel:
         return cls(llm, Token2Wav.from_checkpoint(model), compute)
 
     async def open(self, opening: DuplexOpening) -> MiniCPMOUnitSession:
+        settings = opening_settings(opening.settings)
         voice = None if opening.voice_prompt is None else await self.run(self.voice_rows, opening.voice_prompt)
         session = await self.thinker_call("start", opening.instructions or DEFAULT_SYSTEM_PROMPT, voice,
                                           generator=torch.Generator().manual_seed(0),
-                                          user_text=opening.initial_user_text, window=opening.window)
+                                          user_text=opening.initial_user_text, window=settings.window)
         speech = None
         if opening.wants_audio:
             if opening.voice_prompt is None:
                 raise ValueError("speech needs a voice prompt (ref_audio)")
             voice = opening.voice_prompt
             speech = await self.vocode(lambda: self.vocoder.stream(self.vocoder.voice(voice, MODEL_RATE)))
-        return MiniCPMOUnitSession(self, session, opening, speech)
+        return MiniCPMOUnitSession(self, session, settings, speech)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on the compute thread."""
@@ -139,11 +148,11 @@ class MiniCPMOUnitModel:
 
 
 class MiniCPMOUnitSession:
-    def __init__(self, model: MiniCPMOUnitModel, session: SessionState, opening: DuplexOpening,
+    def __init__(self, model: MiniCPMOUnitModel, session: SessionState, settings: OpeningSettings,
                  speech: Token2WavStream | None):
         self.model, self.session, self.speech = model, session, speech
-        self.force_listen_count = opening.force_listen_count
-        self.test_decisions = opening.test_decisions
+        self.force_listen_count = settings.force_listen_count
+        self.test_decisions = settings.test_decisions
         self.units_in_turn = 0  # units decided since the model's last turn ended
         ids = model.thinker.ids
         self.markers = {ids.speak, ids.turn_eos, ids.tts_bos, *ids.terminators}  # tokens that say nothing

@@ -16,7 +16,6 @@ import torch
 from safetensors.torch import load_file
 from transformers import DynamicCache, Qwen3ForCausalLM
 
-from vllm_omni.engine.native_duplex import DEFAULT_WINDOW, ContextWindow
 from vllm_omni.models.minicpmo.duplex_loop import (
     DEFAULT_SYSTEM_PROMPT,
     DuplexLoop,
@@ -27,6 +26,7 @@ from vllm_omni.models.minicpmo.duplex_loop import (
     Steps,
     UnitResult,
 )
+from vllm_omni.models.minicpmo.opening_settings import DEFAULT_WINDOW, ContextWindow
 from vllm_omni.models.minicpmo.talker import TalkerSampling
 from vllm_omni.models.minicpmo.unit_decoder import ScriptedDecision, UnitSampling
 

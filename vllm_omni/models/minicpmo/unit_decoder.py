@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_omni.engine.native_duplex import ScriptedDecision
+from vllm_omni.models.minicpmo.opening_settings import ScriptedDecision
 
 SPEAK_END_TEXT_TOKENS = 3  # a `speak_end` unit's text before it ends the turn
 

@@ -35,7 +35,6 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from vllm_omni.engine.backends.vllm.engine_driver import cpu_platform
 from vllm_omni.engine.backends.vllm.tensor_wire import tensor_from_wire
-from vllm_omni.engine.native_duplex import DEFAULT_WINDOW, ContextWindow
 from vllm_omni.models.minicpmo.duplex_loop import (
     DEFAULT_SYSTEM_PROMPT,
     DuplexLoop,
@@ -47,6 +46,7 @@ from vllm_omni.models.minicpmo.duplex_loop import (
     Steps,
     UnitResult,
 )
+from vllm_omni.models.minicpmo.opening_settings import DEFAULT_WINDOW, ContextWindow
 from vllm_omni.models.minicpmo.talker import TalkerSampling
 from vllm_omni.models.minicpmo.unit_decoder import ScriptedDecision, UnitSampling
 from vllm_omni.models.minicpmo.vllm_capture import worker_path
