@@ -24,9 +24,8 @@ from vllm_omni.protocol.server_event_builders import (
     input_transcription_completed,
     item_done,
     response_listen,
-    session_updated,
 )
-from vllm_omni.protocol.session_config import SessionConfig, session_object
+from vllm_omni.protocol.session_config import SessionConfig
 from vllm_omni.session.base import Emit, SessionOptions
 from vllm_omni.session.conversation import announce
 from vllm_omni.session.input_track import InputTrack, SealedTurn
@@ -110,13 +109,11 @@ class SessionCore:
                 "playback": dict(active.playback) if active else
                 {"generated_ms": 0, "sent_ms": 0, "played_ms": 0, "committed_ms": 0}}
 
-    def adopt(self, config: SessionConfig, capabilities: dict[str, Any]) -> None:
-        """`config` becomes the session's; session.updated says so."""
+    def adopt(self, config: SessionConfig) -> None:
+        """`config` becomes the session's (turn detection rebuilt if it changed)."""
         before, self.config = self.config.turn_detection, config
         if self.config.turn_detection != before:
             self.input.configure(self.config.turn_detection)
-        self.emit(session_updated(session=session_object(self.config, {**self.state(),
-                                                                       "capabilities": capabilities})))
 
     # User turns -------------------------------------------------------------------------------
 
@@ -140,10 +137,10 @@ class SessionCore:
         self.responses.unanswered = True
 
     def empty_turn(self, sealed: SealedTurn, flags: tuple[str, ...],
-                   commit: Callable[[SealedTurn, tuple[str, ...]], None] | None = None) -> None:
+                   commit: Callable[[SealedTurn, tuple[str, ...]], None]) -> None:
         """A user turn recorded but not to be answered (`commit`: the policy's fan-out)."""
         unanswered = self.responses.unanswered
-        (commit or self.commit)(sealed, flags)
+        commit(sealed, flags)
         self.responses.unanswered = unanswered  # nothing new to answer
 
     def barge_in(self, reason: str) -> bool:

@@ -17,6 +17,7 @@ from vllm_omni.engine.interface import EngineClient
 from vllm_omni.engine.request import OmniRequest
 from vllm_omni.protocol import client_events as ce
 from vllm_omni.protocol.errors import ProtocolError
+from vllm_omni.protocol.server_event_builders import session_updated
 from vllm_omni.protocol.server_events import error_event
 from vllm_omni.protocol.session_config import SessionConfig, session_object
 from vllm_omni.protocol.states import Lane
@@ -133,7 +134,8 @@ class Session(Generic[P]):
         for problem in result.rejected:
             self.report(problem, event_id)
         if result.updated:
-            self.core.adopt(result.config, self.capabilities())
+            self.core.adopt(result.config)
+            self.core.emit(session_updated(session=self.session_object()))
 
     # The core's reports, for the input policy (InputHooks) ------------------------------------
 
