@@ -137,6 +137,7 @@ class HostedUnitEngine(HostedEngine):
 
     unit_ms: int = 80
     setting_keys: frozenset[str] = frozenset()
+    needs_voice_prompt: bool = False
 
     def check_settings(self, settings) -> None:
         """It reads no settings."""

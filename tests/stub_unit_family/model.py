@@ -78,6 +78,7 @@ class StubUnitModel:
     output_sample_rate = OUTPUT_RATE
     unit_ms = UNIT_MS
     setting_keys: frozenset[str] = frozenset()  # it reads none of the opening's extra_body
+    needs_voice_prompt = False  # its tones are its own voice
 
     def check_settings(self, settings: Mapping[str, Any]) -> None:
         """No settings of its own."""

@@ -105,6 +105,11 @@ class StreamingResampler:
         self._next = 0  # the next output sample's index
         self._flushed = False
 
+    @property
+    def delay(self) -> int:
+        """Output samples held back at any time (the filter's delay)."""
+        return self._delay
+
     def process(self, samples: np.ndarray) -> np.ndarray:
         """This chunk's share of the output: float32, possibly empty."""
         if self._flushed:

@@ -9,6 +9,7 @@ import importlib
 BUILDERS = {
     "qwen3_omni_moe": "vllm_omni.models.qwen3_omni.tiny.checkpoint",
     "minicpmo_4_5": "vllm_omni.models.minicpmo.tiny.checkpoint",
+    "moshi": "vllm_omni.models.moshi.tiny.checkpoint",
 }
 
 

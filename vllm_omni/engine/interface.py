@@ -58,6 +58,11 @@ class UnitEngine(EngineInfo, Protocol):
     def setting_keys(self) -> frozenset[str]:
         """The opening's `extra_body` keys the model reads itself (DuplexOpening.settings)."""
 
+    @property
+    def needs_voice_prompt(self) -> bool:
+        """The model speaks in the voice of the session's `ref_audio` (so audio output needs it);
+        else it has its own voice."""
+
     def check_settings(self, settings: Mapping[str, Any]) -> None:
         """Raise SettingRefused (engine/native_duplex.py) for settings the model cannot take."""
 

@@ -77,6 +77,7 @@ class UnitModel(Protocol):
     output_sample_rate: int
     unit_ms: int  # input per decision
     setting_keys: frozenset[str]  # the opening's extra_body keys the model reads (DuplexOpening.settings)
+    needs_voice_prompt: bool  # it speaks in the voice of the opening's voice_prompt (else its own)
 
     def check_settings(self, settings: Mapping[str, Any]) -> None:
         """Raise SettingRefused for an opening's settings the model cannot take."""
@@ -163,6 +164,10 @@ class NativeDuplexEngine:
     @property
     def setting_keys(self) -> frozenset[str]:
         return self.model.setting_keys
+
+    @property
+    def needs_voice_prompt(self) -> bool:
+        return self.model.needs_voice_prompt
 
     def check_settings(self, settings: Mapping[str, Any]) -> None:
         self.model.check_settings(settings)

@@ -34,6 +34,8 @@ FAMILIES = (
                 "vllm_omni.models.qwen3_omni.family:Qwen3OmniFamily"),
     FamilyEntry("minicpmo_4_5", ("MiniCPMO",), ("minicpmo",),
                 "vllm_omni.models.minicpmo.duplex_model:MiniCPMOUnitModel", units=True),
+    FamilyEntry("moshi", ("MoshiForConditionalGeneration",), ("moshi",),
+                "vllm_omni.models.moshi.unit_model:MoshiUnitModel", units=True),
 )
 
 

@@ -122,7 +122,8 @@ def open_duplex_session(engine: EngineClient, options: SessionOptions, opening: 
     config = SessionConfig(id=session_id or new_id("duplex-"), model=model, input_format=DUPLEX_INPUT)
     session = Session(engine, config, options, duplex_emit, lane=DuplexLane, policy=policy)
     session.lane_part.open(opening)
-    model_opening = None if settings is None else native_opening(opening, session.config.wants_audio, settings)
+    model_opening = None if settings is None else native_opening(opening, session.config.wants_audio, settings,
+                                                                  engine.needs_voice_prompt)
     # resume credentials (attachment_generation, resume_token) ride on session.created only
     duplex_emit(event(SESSION_CREATED, session=session.session_object(), **(created_fields or {})))
     duplex_emit(session_updated(session=session.session_object()))

@@ -92,11 +92,13 @@ def check_response_options(response: ce.ResponseSettings) -> None:
                             f"overrides on response.create: {', '.join(refused)}", f"response.{refused[0]}")
 
 
-def native_opening(opening: dict[str, Any], wants_audio: bool, settings: NativeSettings) -> DuplexOpening:
-    """The model context's start: instructions and the voice prompt (required for audio output)."""
+def native_opening(opening: dict[str, Any], wants_audio: bool, settings: NativeSettings,
+                   needs_voice_prompt: bool) -> DuplexOpening:
+    """The model context's start: instructions and the voice prompt (required for audio output
+    from a model that speaks in the prompt's voice)."""
     ref_audio = opening.get("ref_audio")
     if ref_audio is None:
-        if wants_audio:
+        if wants_audio and needs_voice_prompt:
             raise ProtocolError("ref_audio_required", "this model speaks in the voice of ref_audio: send it "
                                 "(a WAV data URL) when the session opens, or ask for text only", "ref_audio")
         voice = None

@@ -49,6 +49,7 @@ class MiniCPMOUnitModel:
     output_sample_rate = OUTPUT_SAMPLE_RATE
     unit_ms = UNIT_SAMPLES * 1000 // MODEL_RATE  # unit 0 is 30 ms longer (mel_stream.py)
     setting_keys = SETTING_KEYS
+    needs_voice_prompt = True  # token2wav speaks in the voice of ref_audio
 
     def check_settings(self, settings: Mapping[str, Any]) -> None:
         opening_settings(settings)

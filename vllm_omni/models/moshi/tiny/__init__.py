@@ -1,0 +1,1 @@
+"""A tiny random-weight Moshi checkpoint, built locally (docs/moshi.md, "Tiny checkpoint")."""
