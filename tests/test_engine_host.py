@@ -136,6 +136,7 @@ class HostedUnitEngine(HostedEngine):
     """A unit engine's shape (engine/interface.py UnitEngine): its sessions' state lives in its process."""
 
     unit_ms: int = 80
+    first_unit_ms: int = 80
     setting_keys: frozenset[str] = frozenset()
     needs_voice_prompt: bool = False
 

@@ -76,7 +76,7 @@ class StubUnitSession:
 
 class StubUnitModel:
     output_sample_rate = OUTPUT_RATE
-    unit_ms = UNIT_MS
+    unit_ms = first_unit_ms = UNIT_MS
     setting_keys: frozenset[str] = frozenset()  # it reads none of the opening's extra_body
     needs_voice_prompt = False  # its tones are its own voice
 

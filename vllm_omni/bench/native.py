@@ -1,9 +1,10 @@
 """`vllm-omni bench native`: concurrent natively duplex sessions (docs/realtime-api.md §13.7),
 each streaming the same clip at real-time pace; per concurrency level the decision lag (a
 unit's decision received − its last audio sent), how many units were decided later than one
-unit period, and TTFP (a response's first audio − the audio of the unit that opened it).
-The one-session level is the baseline the others are read against. JSON, a printed table and
-a PNG of decision lag and TTFP against concurrency."""
+unit period (the model's own, from the session's capabilities), and TTFP (a response's first
+audio − the audio of the unit that opened it), overall and per session. The one-session level
+is the baseline the others are read against. JSON, a printed table and a PNG of decision lag
+and TTFP against concurrency."""
 
 from __future__ import annotations
 
@@ -16,9 +17,8 @@ from typing import Any
 
 from vllm_omni.bench.report import percentile_series, pyplot, save_figure, write_json
 from vllm_omni.client.native_duplex import NativeSessionResult, clip_units, run_native_session
+from vllm_omni.client.streaming import MINICPMO_GRID
 from vllm_omni.client.timing import summarize
-
-UNIT_PERIOD_MS = 1000.0  # a decision later than this fell behind the input
 
 
 async def run_level(url: str, pcm: bytes, sessions: int, opening: dict[str, Any]) -> dict[str, Any]:
@@ -28,17 +28,20 @@ async def run_level(url: str, pcm: bytes, sessions: int, opening: dict[str, Any]
     wall_s = time.monotonic() - started
     finished = [o for o in outcomes if isinstance(o, NativeSessionResult)]
     lags = [lag for result in finished for lag in result.decision_lag_ms]
+    grid = finished[0].grid if finished else MINICPMO_GRID
     return {
-        "sessions": sessions, "wall_s": round(wall_s, 3), "clip_units": clip_units(pcm),
+        "sessions": sessions, "wall_s": round(wall_s, 3), "unit_ms": grid.period_ms,
+        "clip_units": clip_units(pcm, grid),
         "units_decided": sum(len(result.decisions) for result in finished),
         "spoken_units": sum(result.decisions.count("speak") for result in finished),
-        "late_units": sum(lag > UNIT_PERIOD_MS for lag in lags),
+        "late_units": sum(lag > grid.period_ms for lag in lags),
         "responses": sum(len(result.responses) for result in finished),
         "failed_sessions": len(outcomes) - len(finished),
         "failures": [f"{type(o).__name__}: {o}" for o in outcomes if not isinstance(o, NativeSessionResult)],
         "error_events": sum(len(result.errors) for result in finished),
         "decision_lag_ms": summarize(lags),
         "ttfp_ms": summarize(ttfp for result in finished for ttfp in result.ttfp_ms),
+        "per_session": [result.summary for result in finished],
     }
 
 
@@ -83,5 +86,5 @@ def write_plot(rows: list[dict[str, Any]], path: Path) -> Path:
                       marker="o", capsize=4)
         axis.set(title=title, xlabel="concurrent sessions", ylabel="ms", xticks=sessions)
         axis.grid(alpha=0.3)
-    axes[0].axhline(UNIT_PERIOD_MS, color="grey", linewidth=0.8, linestyle="--")
+    axes[0].axhline(rows[0]["unit_ms"], color="grey", linewidth=0.8, linestyle="--")  # one unit period
     return save_figure(figure, path)

@@ -44,10 +44,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     realtime.add_argument("--baseline-thinker-tokens", type=int, default=64)
     realtime.add_argument("--baseline-talker-tokens", type=int, default=256)
     realtime.set_defaults(run=run_realtime_bench)
-    native = kinds.add_parser("native", help="concurrent natively duplex sessions (MiniCPM-o): decision lag, TTFP")
+    native = kinds.add_parser("native", help="concurrent natively duplex sessions (MiniCPM-o, Moshi): decision lag, "
+                                             "TTFP")
     native.add_argument("--url", required=True, help="a natively duplex server (http(s)://host:port or ws(s)://…)")
     native.add_argument("--wav", required=True, help="the clip every session streams: 16 kHz mono 16-bit PCM WAV")
-    native.add_argument("--ref-audio", help="the voice to speak in (16 kHz mono 16-bit WAV); without it, text only")
+    native.add_argument("--ref-audio", help="the voice to speak in (16 kHz mono 16-bit WAV); without it (or "
+                                            "--own-voice), text only")
+    native.add_argument("--own-voice", action="store_true", help="speech in the model's own voice (Moshi)")
     native.add_argument("--sessions", default="1,4", help="concurrency levels, comma-separated (default 1,4)")
     native.add_argument("--model", help="model name to ask for (default: the server's)")
     native.add_argument("--out-dir", required=True, help="where native.json and the plot go")
@@ -175,7 +178,8 @@ def run_native_bench(args: argparse.Namespace) -> int:
     try:
         levels = _levels(args.sessions)
         pcm = read_pcm16(args.wav)
-        opening = native_opening(model=args.model, ref_audio=wav_data_url(args.ref_audio) if args.ref_audio else None)
+        opening = native_opening(model=args.model, ref_audio=wav_data_url(args.ref_audio) if args.ref_audio else None,
+                                 own_voice=args.own_voice)
     except (WavError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -1,4 +1,4 @@
-"""`vllm-omni client --url URL --wav in.wav --out out.wav [--duplex [--native --ref-audio voice.wav]]
+"""`vllm-omni client --url URL --wav in.wav --out out.wav [--duplex [--native [--ref-audio voice.wav | --own-voice]]]
 [--image PATH]`: speak a WAV file to a realtime server (GA lane, or the duplex lane of
 docs/realtime-api.md §13; `--native` for a model that decides its own turns, §13.7), save the
 spoken answers, print transcripts and timing. With `--chat [--text T] [--voice V]`, ask the same
@@ -26,10 +26,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     client.add_argument("--api-key", help="bearer token, if the server requires one")
     client.add_argument("--duplex", action="store_true", help="use the duplex lane (a session_mode: duplex server)")
     client.add_argument("--native", action="store_true",
-                        help="with --duplex: a natively duplex model (MiniCPM-o), which hears the WAV unit by unit "
-                             "and decides itself when to speak")
+                        help="with --duplex: a natively duplex model (MiniCPM-o, Moshi), which hears the WAV unit by "
+                             "unit and decides itself when to speak")
     client.add_argument("--ref-audio", help="with --native: the voice to speak in (16 kHz mono 16-bit WAV); "
-                                            "without it the answers are text only")
+                                            "without it (or --own-voice) the answers are text only")
+    client.add_argument("--own-voice", action="store_true",
+                        help="with --native: speech in the model's own voice (Moshi), no --ref-audio")
     client.add_argument("--image", help="an image (PNG, JPEG) to show the model before the audio, as a user message")
     client.add_argument("--chat", action="store_true",
                         help="ask over HTTP: streamed POST /v1/chat/completions (OpenAI audio output)")
@@ -40,7 +42,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 CHAT_ONLY = ("text", "voice", "max_tokens")
-REALTIME_ONLY = ("server_vad", "duplex", "native", "ref_audio")
+REALTIME_ONLY = ("server_vad", "duplex", "native", "ref_audio", "own_voice")
 
 
 def _given(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
@@ -86,7 +88,7 @@ def run_client(args: argparse.Namespace) -> int:
     if _given(args, CHAT_ONLY):
         print(f"error: {', '.join(_given(args, CHAT_ONLY))}: only with --chat", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.native or args.ref_audio:
+    if args.native or args.ref_audio or args.own_voice:
         return run_native_client(args)
     try:
         url = realtime_url(args.url, model=args.model)
@@ -164,7 +166,8 @@ def run_native_client(args: argparse.Namespace) -> int:
 
     try:
         if not (args.native and args.duplex):
-            raise ValueError("--native (and --ref-audio) need --duplex: native sessions live on the duplex lane")
+            raise ValueError("--native (and --ref-audio, --own-voice) need --duplex: native sessions live on the "
+                             "duplex lane")
         if args.image is not None or args.turns != 1 or args.server_vad:
             raise ValueError("--native takes one clip: no --image, --turns or --server-vad")
         url = realtime_url(args.url)
@@ -174,8 +177,9 @@ def run_native_client(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None
+    opening = native_opening(model=args.model, ref_audio=voice, own_voice=args.own_voice)
     try:
-        result = asyncio.run(run_native_session(url, pcm, opening=native_opening(model=args.model, ref_audio=voice),
+        result = asyncio.run(run_native_session(url, pcm, opening=opening,
                                                 realtime=not args.fast, headers=headers))
     except Exception as exc:
         print(f"error: {url}: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -40,6 +40,7 @@ class DuplexConnection(RealtimeConnection):
     def __init__(self, ws: Any, url: str = "", headers: dict[str, str] | None = None):
         super().__init__(ws, url, headers)
         self.session_id: str | None = None
+        self.capabilities: dict[str, Any] = {}  # session.created's (docs/realtime-api.md §2.6)
         self.resume_token: str | None = None
         self.attachment_generation = 0
         self.last_seq = 0  # the newest server_event_seq delivered
@@ -62,6 +63,7 @@ class DuplexConnection(RealtimeConnection):
                 await conn.send(opening)
             created = await conn._expect(SESSION_CREATED, timeout)
             conn.session_id = created["session"]["id"]
+            conn.capabilities = created["session"].get("capabilities") or {}
             conn.resume_token, conn.attachment_generation = created["resume_token"], created["attachment_generation"]
             await conn._expect(SESSION_UPDATED, timeout)
         except BaseException:

@@ -11,7 +11,7 @@ from typing import Any
 from vllm_omni.client.collector import ResponseRecord, collect
 from vllm_omni.client.duplex import DuplexConnection
 from vllm_omni.client.session_setup import flat_session_update
-from vllm_omni.client.streaming import BYTES_PER_MS, FIRST_UNIT_MS, UNIT_MS, append_events, unit_boundary_ms
+from vllm_omni.client.streaming import BYTES_PER_MS, MINICPMO_GRID, UnitGrid, append_events
 from vllm_omni.client.timing import summarize
 from vllm_omni.protocol.server_event_types import (
     OUTPUT_AUDIO_DELTA,
@@ -31,6 +31,7 @@ class NativeSessionResult:
     ttfp_ms: list[float] = field(default_factory=list)  # per response: first audio − its first unit's audio sent
     responses: list[ResponseRecord] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
+    grid: UnitGrid = MINICPMO_GRID  # the session's (its capabilities)
 
     @property
     def audio(self) -> bytes:
@@ -38,45 +39,48 @@ class NativeSessionResult:
 
     @property
     def summary(self) -> dict[str, Any]:
-        return {"units": len(self.decisions), "spoken_units": self.decisions.count("speak"),
+        return {"units": len(self.decisions), "unit_ms": self.grid.period_ms,
+                "spoken_units": self.decisions.count("speak"),
                 "responses": len(self.responses), "decision_lag_ms": summarize(self.decision_lag_ms),
                 "ttfp_ms": summarize(self.ttfp_ms)}
 
 
 def native_opening(*, model: str | None = None, ref_audio: str | None = None, instructions: str | None = None,
-                   **extra_body: Any) -> dict[str, Any]:
+                   own_voice: bool = False, **extra_body: Any) -> dict[str, Any]:
     """The session.update that opens a native session (S0's flat shape): the model streams its
-    own decisions (`auto_response`), playback acks decide what enters the history. Without a
-    `ref_audio` voice prompt (a WAV data URL) the session is text only."""
-    modalities = ("audio", "text") if ref_audio is not None else ("text",)
+    own decisions (`auto_response`), playback acks decide what enters the history. The session
+    speaks in the voice of `ref_audio` (a WAV data URL), or in the model's own voice with
+    `own_voice` (Moshi); else it is text only."""
+    modalities = ("audio", "text") if ref_audio is not None or own_voice else ("text",)
     extra = {"ref_audio": ref_audio} if ref_audio is not None else {}
     return flat_session_update(model=model, instructions=instructions, modalities=modalities,
                                overlap_policy="listen_only", playback_commit_policy="ack_only",
                                extra_body={"auto_response": True, **extra_body}, **extra)
 
 
-def clip_units(pcm: bytes) -> int:
-    """Units the clip closes, its zero-padded residual on the final commit included."""
-    clip_ms = len(pcm) // BYTES_PER_MS
-    if clip_ms < FIRST_UNIT_MS:
-        return 1
-    return (clip_ms - FIRST_UNIT_MS) // UNIT_MS + 1 + ((clip_ms - FIRST_UNIT_MS) % UNIT_MS > 0)
+def clip_units(pcm: bytes, grid: UnitGrid = MINICPMO_GRID) -> int:
+    """Units the clip closes on `grid`, its zero-padded residual on the final commit included."""
+    return grid.units(len(pcm) // BYTES_PER_MS)
 
 
 async def run_native_session(url: str, pcm: bytes, *, opening: dict[str, Any],
                              frames: list[list[str]] | None = None, realtime: bool = True, chunk_ms: int = 200,
                              headers: dict[str, str] | None = None, timeout_s: float = 300.0) -> NativeSessionResult:
     """Stream `pcm` (16 kHz PCM16) into a native session opened with `opening`, commit it, and
-    wait until every unit of the clip is decided and the last response is done."""
+    wait until every unit of the clip is decided and the last response is done. Units follow
+    the grid the session announces; appends are `chunk_ms` long, or one unit where units are
+    shorter (a caller's microphone sends at least that often)."""
     conn = await DuplexConnection.start(url, opening=opening, headers=headers)
-    result = NativeSessionResult()
+    grid = UnitGrid.of(conn.capabilities)
+    result = NativeSessionResult(grid=grid)
     try:
         first = len(conn.events)
-        await conn.stream(append_events(pcm, chunk_ms=chunk_ms, frames=frames), realtime=realtime)
+        appends = append_events(pcm, chunk_ms=min(chunk_ms, grid.period_ms), frames=frames, grid=grid)
+        await conn.stream(appends, realtime=realtime)
         await conn.commit()
-        expected = clip_units(pcm)
+        expected = clip_units(pcm, grid)
         events = await _until_decided(conn, expected, timeout_s)
-        closes = [_close_time(conn, unit) for unit in range(expected)]
+        closes = [_close_time(conn, grid.boundary_ms(unit)) for unit in range(expected)]
         _time_units(result, events, closes)
         responses = collect(events).responses
         result.responses = [r for r in responses.values() if r.status is not None]
@@ -105,9 +109,10 @@ async def _until_decided(conn: DuplexConnection, units: int, timeout_s: float) -
     return events
 
 
-def _close_time(conn: DuplexConnection, unit: int) -> float:
-    """When the audio that closes `unit` was sent (the final commit for the residual unit)."""
-    sent = conn.sent_at(unit_boundary_ms(unit) - 1)  # the append carrying the unit's last millisecond
+def _close_time(conn: DuplexConnection, boundary_ms: int) -> float:
+    """When the audio that closes a unit at `boundary_ms` was sent (the final commit for the
+    residual unit)."""
+    sent = conn.sent_at(boundary_ms - 1)  # the append carrying the unit's last millisecond
     return sent if sent is not None else conn.commit_times[-1]
 
 

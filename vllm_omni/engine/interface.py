@@ -55,6 +55,10 @@ class UnitEngine(EngineInfo, Protocol):
         """How much input the model hears per decision (docs/realtime-api.md §13.7)."""
 
     @property
+    def first_unit_ms(self) -> int:
+        """How much input closes the first unit (MiniCPM-o's is 30 ms longer than the rest)."""
+
+    @property
     def setting_keys(self) -> frozenset[str]:
         """The opening's `extra_body` keys the model reads itself (DuplexOpening.settings)."""
 

@@ -76,6 +76,7 @@ class UnitModel(Protocol):
 
     output_sample_rate: int
     unit_ms: int  # input per decision
+    first_unit_ms: int  # input that closes the first unit
     setting_keys: frozenset[str]  # the opening's extra_body keys the model reads (DuplexOpening.settings)
     needs_voice_prompt: bool  # it speaks in the voice of the opening's voice_prompt (else its own)
 
@@ -160,6 +161,10 @@ class NativeDuplexEngine:
     @property
     def unit_ms(self) -> int:
         return self.model.unit_ms
+
+    @property
+    def first_unit_ms(self) -> int:
+        return self.model.first_unit_ms
 
     @property
     def setting_keys(self) -> frozenset[str]:

@@ -53,9 +53,9 @@ class UnitInput:
         return self.intake.handlers()
 
     def capabilities(self) -> dict[str, Any]:
-        """The natively duplex column, with the period of the model's own units."""
+        """The natively duplex column, with the model's own unit grid."""
         return {**capabilities("model_native_duplex", max_sessions=self.core.options.max_sessions),
-                "chunk_period_ms": self._native.unit_ms}
+                "chunk_period_ms": self._native.unit_ms, "first_chunk_ms": self._native.first_unit_ms}
 
     def check_update(self, update: dict[str, Any]) -> None:
         """What only the opening may set: the model's context is kept, never re-read."""

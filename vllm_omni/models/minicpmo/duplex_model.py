@@ -47,7 +47,8 @@ class MiniCPMOUnitModel:
     session's speech is vocoded while the next unit is decided."""
 
     output_sample_rate = OUTPUT_SAMPLE_RATE
-    unit_ms = UNIT_SAMPLES * 1000 // MODEL_RATE  # unit 0 is 30 ms longer (mel_stream.py)
+    unit_ms = UNIT_SAMPLES * 1000 // MODEL_RATE
+    first_unit_ms = unit_close_samples(0) * 1000 // MODEL_RATE  # 30 ms longer (mel_stream.py)
     setting_keys = SETTING_KEYS
     needs_voice_prompt = True  # token2wav speaks in the voice of ref_audio
 

@@ -10,6 +10,7 @@ carrying their audio. A forced listen makes the frame quiet in the model's own s
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,22 +43,26 @@ def _sampling(stage: StageConfig) -> Sampling:
 
 class MoshiUnitModel:
     """The loaded checkpoint (transformers' classes, `kmhf/hf-moshiko` layout). Every frame of
-    every session runs on one compute thread, the due frames of all sessions as one batch."""
+    every session runs on one compute thread, the due frames of all sessions as one batch; that
+    thread's torch uses `torch_threads` (None: torch's default, one per core)."""
 
-    unit_ms = UNIT_MS
+    unit_ms = first_unit_ms = UNIT_MS
     setting_keys = SETTING_KEYS
     needs_voice_prompt = False  # Moshi speaks in the voice it was trained on
 
-    def __init__(self, loop: FrameLoop, text: TextPieces):
+    def __init__(self, loop: FrameLoop, text: TextPieces, torch_threads: int | None = None):
         self.loop, self.text = loop, text
         self.output_sample_rate = loop.sample_rate
-        self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moshi")
+        # OpenMP's thread count is per calling thread: this sets the compute thread's alone
+        initializer = None if torch_threads is None else functools.partial(torch.set_num_threads, torch_threads)
+        self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moshi", initializer=initializer)
         self.batcher = FrameBatcher(loop, self.compute)
 
     @classmethod
     def load(cls, model: str | Path, deploy: DeployConfig) -> MoshiUnitModel:
         """`model` with stage 0's (thinker: the temporal transformer) text sampling and cache slots
-        (max_num_seqs: sessions at once) and stage 1's (talker: the depth decoder) audio sampling."""
+        (max_num_seqs: sessions at once), stage 1's (talker: the depth decoder) audio sampling and
+        the deploy's `server_torch_threads` for the compute thread."""
         if deploy.session_mode != "duplex":
             raise ValueError("Moshi listens and speaks at once: serve it with session_mode: duplex")
         for stage in deploy.stages:
@@ -71,7 +76,8 @@ class MoshiUnitModel:
         folder = checkpoint_folder(model)
         weights = MoshiForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device).eval()
         slots = thinker.engine_args.max_num_seqs or DEFAULT_SLOTS
-        return cls(FrameLoop(weights, slots, _sampling(thinker), _sampling(talker)), TextPieces(folder))
+        return cls(FrameLoop(weights, slots, _sampling(thinker), _sampling(talker)), TextPieces(folder),
+                   deploy.server_torch_threads)
 
     def check_settings(self, settings: Mapping[str, Any]) -> None:
         scripted_frames(settings)
