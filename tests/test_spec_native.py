@@ -1,13 +1,15 @@
-"""A natively duplex MiniCPM-o session recorded whole and checked against the wire contract
+"""A natively duplex session recorded whole and checked against the wire contract
 (docs/realtime-api.md §13.7, docs/conformance.md §5.5 and §6): every response is R(r), every
 commit C(X), one response at a time, the duplex [EXT] fields on listen / speak / overlap events,
-and session.closed as the last event."""
+and session.closed as the last event. Written from the spec, run against every native deploy:
+MiniCPM-o (torch and vLLM, 1 s units) and Moshi (80 ms frames), each on its own unit grid."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import io
+from dataclasses import dataclass
 
 import pytest
 from PIL import Image
@@ -15,43 +17,53 @@ from PIL import Image
 from tests.realtime_helpers import Client, fixture_pcm, serving
 from tests.spec_sequences import check_native_units, check_recording
 from vllm_omni.client.native_duplex import UNIT_EVENTS
-from vllm_omni.client.streaming import append_events, unit_boundary_ms
+from vllm_omni.client.streaming import UnitGrid, append_events
 from vllm_omni.config import load_deploy_config
 from vllm_omni.models.registry import load_engine
 from vllm_omni.session.base import NativeDuplexSettings
 
-MODEL = "minicpmo-tiny"
+MODEL = "native-tiny"
+MINICPMO_GRID, MOSHI_GRID = UnitGrid(1030, 1000), UnitGrid(80, 80)
 
 
-@pytest.fixture(scope="module", params=["torch", "vllm"])
+@dataclass(frozen=True)
+class Deploy:
+    url: str
+    grid: UnitGrid  # the unit grid its sessions must announce
+
+
+@pytest.fixture(scope="module", params=["minicpmo-torch", "minicpmo-vllm", "moshi"])
 def server(request):
     """The tiny MiniCPM-o on configs/minicpmo_4_5_tiny_cpu_torch.yaml, or the shared vLLM deploy
-    (configs/minicpmo_4_5_tiny_cpu.yaml: run under the heavy-run lock)."""
+    (configs/minicpmo_4_5_tiny_cpu.yaml: run under the heavy-run lock), or the shared tiny Moshi
+    (configs/moshi_tiny_cpu.yaml)."""
+    grid = MOSHI_GRID if request.param == "moshi" else MINICPMO_GRID
     settings = NativeDuplexSettings(allow_test_decisions=True, continuation_limit_units=3,
-                                    continuation_period_ms=300)
-    if request.param == "vllm":
-        engine, borrowed = request.getfixturevalue("minicpmo_vllm_engine"), True
-    else:
+                                    continuation_period_ms=0.3 * grid.period_ms)
+    if request.param == "minicpmo-torch":
         config = load_deploy_config("configs/minicpmo_4_5_tiny_cpu_torch.yaml")
         engine, borrowed = load_engine(request.getfixturevalue("minicpmo_checkpoint"), config), False
+    else:
+        engine = request.getfixturevalue("moshi_engine" if request.param == "moshi" else "minicpmo_vllm_engine")
+        borrowed = True
     with serving(engine, model_name=MODEL, session_mode="duplex", native_duplex=settings,
                  borrowed=borrowed) as (url, _, _):
-        yield url
+        yield Deploy(url, grid)
 
 
 def silence(ms: int) -> bytes:
     return b"\0\0" * (16 * ms)
 
 
-async def opened(url: str, overlap_policy: str = "listen_only", turn_detection: dict | None = None,
+async def opened(server: Deploy, overlap_policy: str = "listen_only", turn_detection: dict | None = None,
                  **extra_body) -> tuple[Client, dict]:
-    client = await Client.open(f"{url}/v1/realtime?duplex=1")
+    client = await Client.open(f"{server.url}/v1/realtime?duplex=1")
     await client.send({"type": "session.update", "session": {
         "model": MODEL, "modalities": ["text"], "turn_detection": turn_detection, "input_audio_format": "pcm16",
         "overlap_policy": overlap_policy, "extra_body": {"auto_response": True, **extra_body}}})
     created, updated = await client.next(), await client.next()
     assert (created["type"], updated["type"]) == ("session.created", "session.updated")
-    assert updated["session"]["capabilities"]["chunk_period_ms"] == 1000
+    assert UnitGrid.of(updated["session"]["capabilities"]) == server.grid
     return client, created
 
 
@@ -82,7 +94,8 @@ def test_a_native_session_obeys_the_unit_and_response_orderings(server) -> None:
         script = ["listen", "speak", "speak_end", "listen", "speak", "speak_end", "listen"]
         client, created = await opened(server, duplex_test_decisions=script)
         session_id = created["session"]["id"]
-        speech = fixture_pcm("speech_en_long.wav")[: 32 * (unit_boundary_ms(5) + 300)]
+        grid = server.grid
+        speech = fixture_pcm("speech_en_long.wav")[: 32 * (grid.boundary_ms(5) + grid.period_ms * 3 // 10)]
         await client.send_all(append_events(speech, chunk_ms=200))  # 6 units, then a spoken residual
         events = await decided(client, 6)
         # create_response has no effect in an auto session: the model's scripted listen decides
@@ -120,8 +133,8 @@ def test_a_barge_in_ends_the_response_with_its_done_block(server) -> None:
     {session_id, epoch, policy, action, reason, metadata}, then the cancelled R(r) tail."""
     async def scenario():
         client, created = await opened(server, duplex_test_decisions=["speak"] * 8)
-        appends = append_events(silence(unit_boundary_ms(3)), chunk_ms=200)
-        boundary = next(i for i in range(len(appends)) if (i + 1) * 200 >= unit_boundary_ms(1))
+        appends = append_events(silence(server.grid.boundary_ms(3)), chunk_ms=200)
+        boundary = next(i for i in range(len(appends)) if (i + 1) * 200 >= server.grid.boundary_ms(1))
         await client.send_all(appends[: boundary + 1])
         await decided(client, 2)
         await client.send({**appends[boundary + 1], "overlap_action": "barge_in"})
@@ -148,7 +161,7 @@ def test_speech_over_an_answer_barges_in_under_barge_in_on_speech(server) -> Non
     async def scenario():
         client, _ = await opened(server, "barge_in_on_speech", {"type": "server_vad"},
                                  duplex_test_decisions=["speak"] * 8)
-        await client.send_all(append_events(silence(unit_boundary_ms(0)), chunk_ms=200))
+        await client.send_all(append_events(silence(server.grid.boundary_ms(0)), chunk_ms=200))
         await decided(client, 1)
         await client.send(append_events(silence(200), chunk_ms=200)[0])
         speech = append_events(fixture_pcm("speech_en_single.wav")[32 * 1000: 32 * 1400], chunk_ms=200)
@@ -176,7 +189,7 @@ def test_stacked_frame_pairs_and_queued_groups_are_taken(server) -> None:
     decided and nothing is refused."""
     async def scenario():
         client, _ = await opened(server, duplex_test_decisions=["listen"] * 3)
-        appends = append_events(silence(unit_boundary_ms(2)), chunk_ms=200)
+        appends = append_events(silence(server.grid.boundary_ms(2)), chunk_ms=200)
         appends[0]["video_frames"] = [png((200, 20, 20)), png((20, 200, 20), (128, 48))]
         appends[1]["video_frames"] = [png((20, 20, 200)), None]
         await client.send_all(appends)

@@ -67,6 +67,7 @@ class UnitFeeder:
         self.run: ResponseRun | None = None  # the response the model's turn feeds (ASKED, SPEAKING)
         self._silence_timer: asyncio.TimerHandle | None = None
         self._silence_units = 0  # fed into the current response
+        self._last_silence_at: float | None = None  # when the last silence unit was due, since the last input
         self._unit = UnitAssembler()  # the model gets each unit whole
         self.pending_bytes = 0  # input samples not yet handed to the model (queued or in `_unit`)
         self._clock = ResponseTokenClock()  # stage 0's metrics of the response the model speaks
@@ -78,6 +79,7 @@ class UnitFeeder:
     def put(self, append: Append) -> None:
         if append.kind == "input":
             self.pending_bytes += append.samples.nbytes
+            self._last_silence_at = None
         self._appends.put_nowait(append)
 
     def answer(self, run: ResponseRun) -> None:
@@ -177,9 +179,14 @@ class UnitFeeder:
     # Silence units ----------------------------------------------------------------------------
 
     def _schedule_silence(self) -> None:
+        """The next silence unit is due a period after the last one (or after now, when input
+        came since): silence units keep the model's speech at real time however long each
+        took to decide."""
         self.cancel_silence()
+        loop = asyncio.get_running_loop()
         period = self.core.options.native_duplex.continuation_period_ms / 1000
-        self._silence_timer = asyncio.get_running_loop().call_later(period, self._feed_silence)
+        last = loop.time() if self._last_silence_at is None else self._last_silence_at
+        self._silence_timer = loop.call_at(max(loop.time(), last + period), self._feed_silence)
 
     def cancel_silence(self) -> None:
         if self._silence_timer is not None:
@@ -192,6 +199,7 @@ class UnitFeeder:
         self._silence_timer = None
         if self.run is None or not self._appends.empty():
             return
+        self._last_silence_at = asyncio.get_running_loop().time()
         self._silence_units += 1
         last = self._silence_units >= self._continuation_limit
         self.put(Append.marker("last_silence" if last else "silence", force_listen=last))

@@ -8,9 +8,10 @@ from typing import Any, Literal, get_args
 
 from vllm_omni.engine.native_duplex import SettingRefused
 
-# test-only per-frame script: "listen" forces the frame quiet (padding text, the codes of
-# silence in the model's own stream), "speak" leaves it to the model
-ScriptedFrame = Literal["listen", "speak"]
+# test-only per-frame script (MiniCPM-o's vocabulary): "listen" forces the frame quiet (padding
+# text, the codes of silence in the model's own stream); "speak" says the model's frame as it is;
+# "speak_end" says it and ends the model's turn with it
+ScriptedFrame = Literal["listen", "speak", "speak_end"]
 SETTING_KEYS = frozenset({"duplex_test_decisions"})
 
 

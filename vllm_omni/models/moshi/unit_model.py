@@ -121,19 +121,24 @@ class MoshiUnitSession:
             forced = force_listen or scripted == "listen"
             self._frames += 1
             decided = await self.model.batcher.step(self.state, torch.from_numpy(frame.copy()), forced)
-            decisions.append(self._decision(decided, forced))
+            decisions.append(self._decision(decided, forced, scripted))
         return decisions
 
-    def _decision(self, frame: Frame, forced: bool) -> UnitDecision:
+    def _decision(self, frame: Frame, forced: bool, scripted: str | None) -> UnitDecision:
         if forced:
             ended, self._speaking, self._quiet_run = self._speaking, False, 0
             return UnitDecision(spoke=False, end_of_turn=ended)
         audio = float_to_pcm16_bytes(frame.audio) if self.wants_audio else b""
+        text = self.model.text.piece(frame.text_token)
+        if scripted is not None:  # "speak" or "speak_end": the frame speaks, whatever it holds
+            ended = scripted == "speak_end"
+            self._speaking, self._quiet_run = not ended, 0
+            return UnitDecision(spoke=True, text=text, audio=audio, end_of_turn=ended,
+                                token_times_s=(frame.chosen_at_s,))
         quiet = frame.text_token in SILENT_TEXT_IDS and float(np.sqrt(np.mean(frame.audio ** 2))) < QUIET_RMS
         if not quiet:
             self._speaking, self._quiet_run = True, 0
-            return UnitDecision(spoke=True, text=self.model.text.piece(frame.text_token), audio=audio,
-                                token_times_s=(frame.chosen_at_s,))
+            return UnitDecision(spoke=True, text=text, audio=audio, token_times_s=(frame.chosen_at_s,))
         if not self._speaking:
             return UnitDecision(spoke=False)
         self._quiet_run += 1
