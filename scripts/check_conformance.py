@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SPEC = ROOT.parent / "shared" / "spec" / "realtime-protocol.md"
-LANES = frozenset({"L", "G", "D", "N", "—"})
+LANES = frozenset({"L", "G", "D", "N", "M", "—"})
 EVIDENCE_PREFIXES = ("Deviation:", "Informative:")
 NODE_ID = re.compile(r"`(tests/[\w/]+\.py)::([\w:]+)(?:\[[^`]*\])?`")
 SPEC_HEADING = re.compile(r"^(#{2,4}) (?:Appendix )?([0-9A-Z]+(?:\.\d+)*)\.? (.+)$")

@@ -55,6 +55,7 @@ NATIVE_CAPABILITIES: dict[str, Any] = {
     "signal_sources": ["model_native", "client_event", "server_policy"], "supports_reencode_context": False,
     "supports_turn_commit_only": False, "supports_model_internal_state": True, "supports_stage_resumption": True,
     "supports_stage_connector_handoff": True, "requires_model_runner_kv": True, "requires_native_stage_role": True,
+    "first_chunk_ms": 1030,  # [EXT]: the served model's unit 0 (MiniCPM-o's is 30 ms longer)
 }
 
 

@@ -125,10 +125,11 @@ def test_chunking_and_batching_do_not_change_a_session(moshi_engine) -> None:
 
     alone_30 = asyncio.run(session_decisions(30, None))
     alone_130 = asyncio.run(session_decisions(130, None))
+    steps_before = model.batcher.batch_sizes.copy()
     batched = asyncio.run(session_decisions(130, other))
     assert len(alone_30) == 24 and [said(d) for d in alone_30] == [said(d) for d in alone_130]
     assert [said(d)[:2] for d in batched] == [said(d)[:2] for d in alone_30]
     for a, b in zip(alone_30, batched, strict=True):
         diff = np.abs(np.frombuffer(a.audio, "<i2").astype(int) - np.frombuffer(b.audio, "<i2").astype(int))
         assert diff.max() <= 1
-    assert max(model.batcher.batch_sizes) == 2  # the two sessions' frames did share steps
+    assert max(model.batcher.batch_sizes - steps_before) == 2  # the two sessions' frames did share steps

@@ -1,5 +1,6 @@
 """The seed client's whole flow through the real server (tests/s0_client.py; docs/realtime-api.md §13,
-§12): a natively duplex MiniCPM-o session (configs/minicpmo_4_5_tiny_cpu.yaml) and a turn-based
+§12): natively duplex MiniCPM-o and Moshi sessions (configs/minicpmo_4_5_tiny_cpu.yaml,
+configs/moshi_tiny_cpu.yaml) and a turn-based
 Qwen3-Omni duplex session (configs/qwen3_omni_tiny_cpu_duplex.yaml, and its stages on vLLM), each
 opened with the flat `session.update`, fed real speech in 200 ms appends paced in real time, committed,
 acknowledged and closed. The client's timing summary must come out complete from the fields where
@@ -24,7 +25,7 @@ from vllm_omni.engine import OmniEngine
 from vllm_omni.models.qwen3_omni.family import Qwen3OmniFamily
 from vllm_omni.session.base import NativeDuplexSettings
 
-MINICPMO = "minicpmo-tiny"
+MINICPMO, MOSHI = "minicpmo-tiny", "moshi-tiny"
 CONTINUATION_LIMIT = 3  # silence units after the clip (the deploy's 64 would take a minute per session)
 TIMEOUT_S = 240.0  # generous: vLLM stages on a loaded 2-core box
 UNSEQUENCED = {"session.created"}  # docs/realtime-api.md §13.4: everything else the session sends is journaled
@@ -39,6 +40,17 @@ def minicpmo_url(minicpmo_vllm_engine):
     native = NativeDuplexSettings(continuation_limit_units=CONTINUATION_LIMIT,
                                   continuation_period_ms=defaults.continuation_period_ms)
     with serving(minicpmo_vllm_engine, model_name=MINICPMO, session_mode=deploy.session_mode, native_duplex=native,
+                 max_sessions=defaults.max_sessions, borrowed=True) as (url, _, _):
+        yield url.replace("ws://", "http://")
+
+
+@pytest.fixture(scope="module")
+def moshi_url(moshi_engine):
+    """The shared engine of configs/moshi_tiny_cpu.yaml, served with that deploy's session settings."""
+    defaults = load_deploy_config("configs/moshi_tiny_cpu.yaml").session_defaults
+    native = NativeDuplexSettings(continuation_limit_units=CONTINUATION_LIMIT,
+                                  continuation_period_ms=defaults.continuation_period_ms)
+    with serving(moshi_engine, model_name=MOSHI, session_mode="duplex", native_duplex=native,
                  max_sessions=defaults.max_sessions, borrowed=True) as (url, _, _):
         yield url.replace("ws://", "http://")
 
@@ -219,6 +231,16 @@ async def test_s0_flow_on_a_native_minicpmo_session(minicpmo_url) -> None:
     summary = check_s0_run(client, native=True)
     assert any(e["type"] in TEXT_DELTAS and e.get("delta") for e in client.collector.events)
     print(f"\nS0 timing (native MiniCPM-o): {summary}")
+
+
+async def test_s0_flow_on_a_native_moshi_session(moshi_url) -> None:
+    """The same client on Moshi (80 ms frames, its own voice: no ref_audio, no frames): the model
+    speaks through the clip and on, the commit's padded residual is its last frame of input, the
+    silence frames end the answer."""
+    client = await run_s0(moshi_url, S0Options(model=MOSHI, auto_response=True), fixture_pcm("speech_en_single.wav"))
+    summary = check_s0_run(client, native=True)
+    assert client.collector.chunk_period_ms == 80
+    print(f"\nS0 timing (native Moshi): {summary}")
 
 
 @pytest.mark.parametrize("stages", ["torch", "vllm"])

@@ -36,6 +36,13 @@ def initialise_parameters(model: torch.nn.Module, seed: int, vector_value: Vecto
         param.copy_(torch.randn(param.shape, generator=generator) * std)
 
 
+def check_weights(model: torch.nn.Module, what: str) -> None:
+    """RuntimeError listing `model`'s weight problems (find_weight_problems), if it has any."""
+    problems = find_weight_problems(model)
+    if problems:
+        raise RuntimeError(f"{what} has bad weights:\n  " + "\n  ".join(problems))
+
+
 def find_weight_problems(model: torch.nn.Module) -> list[str]:
     """Names of weights that are non-finite, or matrices that carry no signal."""
     problems = []

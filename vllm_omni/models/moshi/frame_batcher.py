@@ -4,6 +4,7 @@ step runs, the frames that come due queue, and the next step takes them all."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ class FrameBatcher:
         self.loop, self.compute = loop, compute
         self._due: list[_Due] = []
         self._runner: asyncio.Task | None = None
-        self.batch_sizes: list[int] = []  # of the steps run so far (the last 1000)
+        self.batch_sizes: Counter[int] = Counter()  # steps run so far, by the number of frames in each
 
     async def step(self, state: StreamState, frame: torch.Tensor, forced: bool) -> Frame:
         """The model's frame for `state`'s user `frame` (a session has one frame due at a time)."""
@@ -38,7 +39,7 @@ class FrameBatcher:
     async def _run(self) -> None:
         while self._due:
             batch, self._due = self._due, []
-            self.batch_sizes = [*self.batch_sizes[-999:], len(batch)]
+            self.batch_sizes[len(batch)] += 1
             try:
                 frames = await asyncio.get_running_loop().run_in_executor(
                     self.compute, self.loop.step, [d.state for d in batch], [d.frame for d in batch],

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from transformers import MoshiForConditionalGeneration
-from transformers.cache_utils import DynamicCache
 
-from vllm_omni.models.moshi.mimi_stream import MimiDecoderStream, MimiEncoderStream
+from vllm_omni.models.moshi.depth import BatchedDepth
+from vllm_omni.models.moshi.mimi_stream import MimiDecoderStream, MimiEncoderStream, quantize
 from vllm_omni.models.moshi.temporal import BatchedTemporal
 from vllm_omni.models.moshi.text import PAD_ID
 
@@ -80,15 +80,16 @@ class FrameLoop:
         self.frame_samples = int(config.sampling_rate / config.audio_encoder_config.frame_rate)
         self.sample_rate = config.sampling_rate
         self.temporal = BatchedTemporal(model.decoder, slots)
-        self.device = model.decoder.lm_head.weight.device
-        self.silence_codes = MimiEncoderStream(model.audio_encoder, self.num_codebooks).encode(
-            torch.zeros(self.frame_samples, device=self.device))
+        self.depth = BatchedDepth(model.depth_decoder, self.num_codebooks)
+        self.device, self.dtype = model.decoder.lm_head.weight.device, model.decoder.lm_head.weight.dtype
+        silence = torch.zeros(self.frame_samples, device=self.device, dtype=self.dtype)
+        self.silence_codes = self._quantize([MimiEncoderStream(model.audio_encoder).embed(silence)])[0]
 
     @torch.inference_mode()
     def open(self, seed: int) -> StreamState:
         """A session's streams, its start column run (the model's first prediction)."""
         state = StreamState(self.temporal.pool.claim(), torch.Generator(device=self.device).manual_seed(seed),
-                            MimiEncoderStream(self.model.audio_encoder, self.num_codebooks),
+                            MimiEncoderStream(self.model.audio_encoder),
                             MimiDecoderStream(self.model.audio_encoder))
         bos = torch.full((self.num_codebooks,), self.audio_bos, device=self.device)
         state.text, state.codes = self.text_bos, bos
@@ -106,9 +107,10 @@ class FrameLoop:
         model's frame out. A forced session's column says nothing: padding text and the codes
         of silence take the place of what the model had predicted for it."""
         bos = torch.full((self.num_codebooks,), self.audio_bos, device=self.device)
+        heard = self._quantize([state.encoder.embed(frame.to(self.device, self.dtype))
+                                for state, frame in zip(states, frames, strict=True)])
         users = []
-        for state, frame, force in zip(states, frames, forced, strict=True):
-            codes = state.encoder.encode(frame.to(self.device))
+        for state, codes, force in zip(states, heard, forced, strict=True):
             previous = bos if state.previous_user is None else state.previous_user
             users.append(torch.cat([codes[:1], previous[1:]]))
             state.previous_user = codes
@@ -136,20 +138,12 @@ class FrameLoop:
         generators = [state.generator for state in states]
         next_text = self.text_sampling.pick(logits, generators)
         chosen_at = time.monotonic()
-        next_codes = self._depth(hidden, next_text, generators)
+        next_codes = self.depth.codes(hidden, next_text, lambda logits: self.audio_sampling.pick(logits, generators))
         for row, state in enumerate(states):
             state.position += 1
             state.text, state.codes = int(next_text[row]), next_codes[row]
         return chosen_at
 
-    def _depth(self, hidden: torch.Tensor, text: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
-        """The depth decoder's 8 codes per row [B, 8], codebook by codebook."""
-        depth = self.model.depth_decoder
-        cache = DynamicCache(config=depth.config)
-        token, codes = text.view(-1, 1), []
-        for _ in range(self.num_codebooks):
-            logits = depth(input_ids=token, last_hidden_state=hidden, past_key_values=cache, use_cache=True,
-                           return_dict=True).logits[:, -1].float()
-            token = self.audio_sampling.pick(logits, generators).view(-1, 1)
-            codes.append(token)
-        return torch.cat(codes, dim=1)
+    def _quantize(self, latents: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Sessions' latent frames → their codes [B, num_codebooks], quantized as one batch."""
+        return quantize(self.model.audio_encoder, torch.cat(list(latents)), self.num_codebooks)

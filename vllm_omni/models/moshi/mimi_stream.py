@@ -89,25 +89,39 @@ class _ResidualState:
         return x + out
 
 
-class MimiEncoderStream:
-    """One session's user audio → one frame of codes per `frame_samples` input samples."""
+def quantize(mimi: MimiModel, embeddings: torch.Tensor, num_codebooks: int) -> torch.Tensor:
+    """Frames' latents [B, hidden, 1] (several sessions' at once) → their codes [B, num_codebooks]."""
+    return mimi.quantizer.encode(embeddings, num_codebooks)[:, :, 0].T
 
-    def __init__(self, mimi: MimiModel, num_codebooks: int):
-        self.mimi, self.num_codebooks = mimi, num_codebooks
-        self._past: DynamicCache | None = None
-        self._padding: MimiConv1dPaddingCache | None = None
+
+class MimiEncoderStream:
+    """One session's user audio → one latent frame per `frame_samples` input samples, through
+    transformers' streaming path (its `_encode_frame` up to the quantizer, which `quantize`
+    runs for a batch of sessions)."""
+
+    def __init__(self, mimi: MimiModel):
+        self.mimi = mimi
+        self._past = DynamicCache(config=mimi.config)
+        self._padding = MimiConv1dPaddingCache(*_padding_layout(mimi))
 
     @torch.inference_mode()
-    def encode(self, frame: torch.Tensor) -> torch.Tensor:
-        """`frame` (frame_samples float32 at the codec's rate) → its codes [num_codebooks]."""
-        out = self.mimi.encode(frame.view(1, 1, -1), num_quantizers=self.num_codebooks,
-                               encoder_past_key_values=self._past, padding_cache=self._padding,
-                               use_streaming=True, return_dict=True)
-        self._past, self._padding = out.encoder_past_key_values, out.padding_cache
-        codes = out.audio_codes
-        if codes.shape[-1] != 1:
-            raise ValueError(f"a Mimi frame is {frame.numel()} samples; it gave {codes.shape[-1]} frames")
-        return codes[0, :, 0]
+    def embed(self, frame: torch.Tensor) -> torch.Tensor:
+        """`frame` (frame_samples at the codec's rate) → its latent [1, hidden, 1]."""
+        hidden = self.mimi.encoder(frame.view(1, 1, -1), padding_cache=self._padding)
+        hidden = self.mimi.encoder_transformer(hidden.transpose(1, 2), past_key_values=self._past, use_cache=True,
+                                               return_dict=True).last_hidden_state.transpose(1, 2)
+        latent = self.mimi.downsample(hidden, padding_cache=self._padding)
+        if latent.shape[-1] != 1:
+            raise ValueError(f"a Mimi frame is {frame.numel()} samples; it gave {latent.shape[-1]} frames")
+        return latent
+
+
+def _padding_layout(mimi: MimiModel) -> tuple[int, list[int], list[str], list[int]]:
+    """The encoder's padding-cache layout, as transformers' `MimiModel.encode` builds it: every
+    causal convolution of the encoder, then the downsampling one."""
+    layers = [mimi.encoder.get_submodule(name) for name in mimi.encoder._mimiconv1d_layer_names] + [mimi.downsample]
+    return (len(layers), [layer.padding_total for layer in layers], [layer.pad_mode for layer in layers],
+            [layer.in_channels for layer in layers])
 
 
 class MimiDecoderStream:

@@ -25,7 +25,7 @@ from vllm_omni.models.minicpmo.tiny.config import ENDOFTEXT, IM_END, tiny_config
 from vllm_omni.models.minicpmo.tiny.token2wav import build_tiny_token2wav
 from vllm_omni.models.minicpmo.tiny.tokenizer import save_tokenizer_files
 from vllm_omni.models.minicpmo.token2wav import ASSETS_DIR
-from vllm_omni.models.tiny_weights import find_weight_problems, initialise_parameters
+from vllm_omni.models.tiny_weights import check_weights, initialise_parameters
 
 WEIGHTS_FILE = "model.safetensors"
 # Matrices with std = gain / sqrt(fan_in), by name prefix (first match). The audio stem is
@@ -64,9 +64,7 @@ def build_weights(config: MiniCPMOConfig, seed: int) -> MiniCPMOWeights:
     torch.manual_seed(seed)
     weights = MiniCPMOWeights(config).eval()
     initialise_parameters(weights, seed, _vector_value, _FAN_IN_GAINS)
-    problems = find_weight_problems(weights)
-    if problems:
-        raise RuntimeError("tiny checkpoint has bad weights:\n  " + "\n  ".join(problems))
+    check_weights(weights, "tiny checkpoint")
     return weights
 
 

@@ -39,7 +39,7 @@ from vllm_omni.models.minicpmo.token2wav_networks import (
     read_flow_yaml,
 )
 from vllm_omni.models.minicpmo.token2wav_prompt import SPEAKER_MODEL, SPEECH_TOKENIZER
-from vllm_omni.models.tiny_weights import find_weight_problems, initialise_parameters
+from vllm_omni.models.tiny_weights import check_weights, initialise_parameters
 
 WIDTH = 64
 CODEBOOK = 6561
@@ -86,9 +86,7 @@ def _vector_value(name: str, param: torch.nn.Parameter) -> float:
 def _randomise(module: torch.nn.Module, seed: int) -> torch.nn.Module:
     """Every weight from `seed`, matrices at std 1 / sqrt(fan_in) so the signal keeps its scale."""
     initialise_parameters(module, seed, _vector_value, {"": 1.0})
-    problems = find_weight_problems(module)
-    if problems:
-        raise RuntimeError("tiny token2wav has bad weights:\n  " + "\n  ".join(problems))
+    check_weights(module, "tiny token2wav")
     return module
 
 

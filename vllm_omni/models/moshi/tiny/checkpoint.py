@@ -20,7 +20,7 @@ from torch import nn
 from transformers import GenerationConfig, MoshiConfig, MoshiForConditionalGeneration
 
 from vllm_omni.models.moshi.text import PAD_ID
-from vllm_omni.models.tiny_weights import find_weight_problems, initialise_parameters
+from vllm_omni.models.tiny_weights import check_weights, initialise_parameters
 
 WEIGHTS_FILE = "model.safetensors"
 TEXT_VOCAB = 32000
@@ -78,20 +78,24 @@ def tokenizer() -> Tokenizer:
     return built
 
 
-def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0) -> Path:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    config = tiny_config()
+def build_weights(seed: int) -> MoshiForConditionalGeneration:
+    """The tiny model, every weight and codebook set from `seed`."""
     torch.manual_seed(seed)
-    model = MoshiForConditionalGeneration(config).eval()
+    model = MoshiForConditionalGeneration(tiny_config()).eval()
     initialise_parameters(model, seed, _vector_value, _FAN_IN_GAINS)
     _seed_codebooks(model, seed)
-    problems = find_weight_problems(model)
-    if problems:
-        raise RuntimeError("tiny Moshi weights: " + "; ".join(problems))
+    check_weights(model, "tiny Moshi")
+    return model
+
+
+def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0) -> Path:
+    """Write config.json, generation_config.json, model.safetensors and tokenizer.json to `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = build_weights(seed)
     state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
     save_file(dict(sorted(state.items())), str(out / WEIGHTS_FILE), metadata={"format": "pt"})
-    config.to_json_file(str(out / "config.json"), use_diff=False)
+    model.config.to_json_file(str(out / "config.json"), use_diff=False)
     GenerationConfig(do_sample=False).to_json_file(str(out / "generation_config.json"))
     tokenizer().save(str(out / "tokenizer.json"))
     return out

@@ -20,7 +20,7 @@ from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from vllm_omni.models.qwen3_omni.tiny.config import tiny_config
 from vllm_omni.models.qwen3_omni.tiny.tokenizer import save_processor
-from vllm_omni.models.tiny_weights import find_weight_problems, initialise_parameters
+from vllm_omni.models.tiny_weights import check_weights, initialise_parameters
 
 # Per-channel parameters and the value each starts at, by the last part of their name.
 _VECTOR_INIT = {
@@ -66,9 +66,7 @@ def build_tiny_checkpoint(out_dir: str | Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
     initialise_weights(model, seed)
-    problems = find_weight_problems(model)
-    if problems:
-        raise RuntimeError("tiny checkpoint has bad weights:\n  " + "\n  ".join(problems))
+    check_weights(model, "tiny checkpoint")
     model.save_pretrained(str(out))
     save_processor(config, out)
     return out
