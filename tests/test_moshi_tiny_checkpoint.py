@@ -5,6 +5,8 @@ alive: Mimi hears speech and the model's speech is audible."""
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -14,7 +16,7 @@ from transformers import AutoConfig, MoshiForConditionalGeneration
 from tests.conftest import read_fixture_pcm
 from vllm_omni.audio.pcm import resample
 from vllm_omni.models.moshi.text import EPAD_ID, PAD_ID, TextPieces
-from vllm_omni.models.moshi.tiny.checkpoint import WEIGHTS_FILE, build_tiny_checkpoint
+from vllm_omni.models.moshi.tiny.checkpoint import WEIGHTS_FILE
 
 # transformers' key prefixes for the parts (as in kmhf/hf-moshiko's model.safetensors)
 PARTS = ("decoder.model.layers.", "decoder.lm_head.", "depth_decoder.layers.", "depth_decoder.lm_heads.",
@@ -36,8 +38,12 @@ def test_the_checkpoint_is_the_real_architecture(moshi_checkpoint: Path) -> None
     assert (text.piece(PAD_ID), text.piece(EPAD_ID), text.piece(1234)) == ("", "", " t1234")
 
 
-def test_same_seed_same_bytes(moshi_checkpoint: Path, tmp_path: Path) -> None:
-    again = build_tiny_checkpoint(tmp_path / "again", seed=0)
+def test_the_cli_builds_it_again_byte_for_byte(moshi_checkpoint: Path, tmp_path: Path) -> None:
+    """`vllm-omni make-tiny-model --arch moshi` with the same seed writes the same bytes."""
+    again = tmp_path / "again"
+    result = subprocess.run([str(Path(sys.executable).parent / "vllm-omni"), "make-tiny-model", "--arch", "moshi",
+                             "--out", str(again), "--seed", "0"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "wrote tiny moshi checkpoint" in result.stdout, result.stderr
     for name in (WEIGHTS_FILE, "config.json", "tokenizer.json"):
         assert hashlib.sha256((again / name).read_bytes()).digest() == \
             hashlib.sha256((moshi_checkpoint / name).read_bytes()).digest(), name
