@@ -21,7 +21,13 @@ import torch
 from transformers import MoshiForConditionalGeneration
 
 from vllm_omni.models.moshi.depth import BatchedDepth
-from vllm_omni.models.moshi.mimi_stream import MimiDecoderStream, MimiEncoderStream, quantize
+from vllm_omni.models.moshi.mimi_stream import (
+    MimiDecoderStream,
+    MimiEncoderStream,
+    decode_frames,
+    embed_frames,
+    quantize,
+)
 from vllm_omni.models.moshi.temporal import BatchedTemporal
 from vllm_omni.models.moshi.text import PAD_ID
 
@@ -107,8 +113,8 @@ class FrameLoop:
         model's frame out. A forced session's column says nothing: padding text and the codes
         of silence take the place of what the model had predicted for it."""
         bos = torch.full((self.num_codebooks,), self.audio_bos, device=self.device)
-        heard = self._quantize([state.encoder.embed(frame.to(self.device, self.dtype))
-                                for state, frame in zip(states, frames, strict=True)])
+        heard = self._quantize([embed_frames([state.encoder for state in states],
+                                             torch.stack(list(frames)).to(self.device, self.dtype))])
         users = []
         for state, codes, force in zip(states, heard, forced, strict=True):
             previous = bos if state.previous_user is None else state.previous_user
@@ -118,12 +124,11 @@ class FrameLoop:
                 state.text, state.codes = PAD_ID, self.silence_codes
         said = [(state.text, state.codes) for state in states]
         chosen_at = self._advance(states, users)
-        frames_out = []
-        for state, (text, codes) in zip(states, said, strict=True):
-            frame_codes = torch.cat([codes[:1], state.codes[1:]])
-            audio = state.decoder.decode(frame_codes).float().cpu().numpy()
-            frames_out.append(Frame(text, tuple(frame_codes.tolist()), audio, chosen_at))
-        return frames_out
+        frame_codes = torch.stack([torch.cat([codes[:1], state.codes[1:]])
+                                   for state, (_, codes) in zip(states, said, strict=True)])
+        audio = decode_frames([state.decoder for state in states], frame_codes).float().cpu().numpy()
+        return [Frame(text, tuple(row_codes), row_audio, chosen_at)
+                for (text, _), row_codes, row_audio in zip(said, frame_codes.tolist(), audio, strict=True)]
 
     def _advance(self, states: Sequence[StreamState], users: Sequence[torch.Tensor]) -> float:
         """Run each session's column; its next text token and codes become the column's inputs."""

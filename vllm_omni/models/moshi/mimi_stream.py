@@ -1,47 +1,76 @@
 """Mimi, frame by frame: a session's streaming encoder for the user's 80 ms frames and streaming
 decoder for the model's (docs/moshi.md, "Mimi streaming").
 
-The encoder is transformers' own streaming path (causal convolutions with a padding cache, the
-transformer with a KV cache). transformers decodes whole sequences only, so the decoder keeps
-its own state per layer: a causal convolution keeps its last `kernel - stride` inputs, a
-transposed convolution the tail of its output that overlaps the next frame's, and the
-transformer its KV cache. Every frame's samples are then those of decoding the whole sequence
-at once, up to float summation order.
+transformers' Mimi runs whole sequences (its encoder also streams, one session at a time), so
+each layer here keeps its own streaming state: a causal convolution its last `kernel - stride`
+inputs, a transposed convolution the tail of its output that overlaps the next frame's, a
+transformer its KV cache. The frames of several sessions then run as one batch through the
+convolutions (each row with its own state); the transformers run per session. Streamed, the
+encoder gives exactly the codes of encoding the whole signal, and the decoder the samples of
+decoding the whole sequence, up to float summation order.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 from transformers.models.mimi.modeling_mimi import (
     MimiConv1d,
-    MimiConv1dPaddingCache,
     MimiConvTranspose1d,
     MimiModel,
     MimiResnetBlock,
 )
 
 
-class _ConvState:
-    """A causal convolution's left context: its last `padding_total` inputs (zeros at first,
-    as the whole-sequence path pads with `pad_mode` "constant")."""
+class _Layer:
+    """A decoder layer with its streaming state; `run` steps the same layer of several sessions'
+    streams (one row each) as one batch."""
+
+    @classmethod
+    def run(cls, states: Sequence[_Layer], x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class _Stateless(_Layer):
+    def __init__(self, module: nn.Module):
+        self.module = module
+
+    @classmethod
+    def run(cls, states: Sequence[_Stateless], x: torch.Tensor) -> torch.Tensor:
+        return states[0].module(x)
+
+
+class _ConvState(_Layer):
+    """A causal convolution's left context: its last `padding_total` inputs; at first what the
+    whole-sequence path pads with (zeros for `pad_mode` "constant", the first input repeated for
+    "replicate")."""
 
     def __init__(self, layer: MimiConv1d):
-        if layer.pad_mode != "constant" or not layer.causal:
-            raise ValueError("Mimi's decoder convolutions are causal with constant padding")
+        if layer.pad_mode not in ("constant", "replicate") or not layer.causal:
+            raise ValueError("Mimi's convolutions are causal, with constant or replicate padding")
         self.layer, self.kept = layer, None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        padding = int(self.layer.padding_total)
-        if self.kept is None:
-            self.kept = x.new_zeros(x.shape[0], x.shape[1], padding)
-        padded = torch.cat([self.kept, x], dim=-1)
-        self.kept = padded[..., padded.shape[-1] - padding:]
-        return self.layer.conv(padded)
+    def _start(self, x: torch.Tensor, padding: int) -> torch.Tensor:
+        if self.layer.pad_mode == "constant":
+            return x.new_zeros(1, x.shape[1], padding)
+        return x[:, :, :1].expand(-1, -1, padding)
+
+    @classmethod
+    def run(cls, states: Sequence[_ConvState], x: torch.Tensor) -> torch.Tensor:
+        padding = int(states[0].layer.padding_total)
+        kept = [state._start(x[row:row + 1], padding) if state.kept is None else state.kept
+                for row, state in enumerate(states)]
+        padded = torch.cat([torch.cat(kept), x], dim=-1)
+        kept = padded[..., padded.shape[-1] - padding:]
+        for row, state in enumerate(states):
+            state.kept = kept[row:row + 1]
+        return states[0].layer.conv(padded)
 
 
-class _TransposedConvState:
+class _TransposedConvState(_Layer):
     """A causal transposed convolution's overlap: each frame's last `kernel - stride` outputs
     (without the bias, which the next frame's own outputs carry) add to the next frame's first."""
 
@@ -50,43 +79,43 @@ class _TransposedConvState:
             raise ValueError("Mimi's transposed convolutions trim on the right only (trim_right_ratio 1)")
         self.layer, self.overlap = layer, None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        conv = self.layer.conv
-        out = conv(x)
-        keep = out.shape[-1] - self.layer.padding_right
-        if self.overlap is not None:
-            out = torch.cat([out[..., :self.overlap.shape[-1]] + self.overlap, out[..., self.overlap.shape[-1]:]], -1)
+    @classmethod
+    def run(cls, states: Sequence[_TransposedConvState], x: torch.Tensor) -> torch.Tensor:
+        layer = states[0].layer
+        out = layer.conv(x)
+        keep, width = out.shape[-1] - layer.padding_right, layer.padding_right
+        zeros = out.new_zeros(1, out.shape[1], width)
+        overlap = torch.cat([zeros if s.overlap is None else s.overlap for s in states])
+        out = torch.cat([out[..., :width] + overlap, out[..., width:]], -1)
         tail = out[..., keep:]
-        self.overlap = tail if conv.bias is None else tail - conv.bias[None, :, None]
+        tail = tail if layer.conv.bias is None else tail - layer.conv.bias[None, :, None]
+        for row, state in enumerate(states):
+            state.overlap = tail[row:row + 1]
         return out[..., :keep]
 
 
-def _streaming_layers(layers: nn.ModuleList) -> list:
-    """Each decoder layer as a callable that keeps its own streaming state."""
-    steps: list = []
-    for layer in layers:
-        if isinstance(layer, MimiConv1d):
-            steps.append(_ConvState(layer))
-        elif isinstance(layer, MimiConvTranspose1d):
-            steps.append(_TransposedConvState(layer))
-        elif isinstance(layer, MimiResnetBlock):
-            steps.append(_ResidualState(layer))
-        else:
-            steps.append(layer)
-    return steps
-
-
-class _ResidualState:
+class _ResidualState(_Layer):
     def __init__(self, block: MimiResnetBlock):
         if not isinstance(block.shortcut, nn.Identity):
             raise ValueError("Mimi's residual blocks have identity shortcuts (use_conv_shortcut false)")
         self.steps = _streaming_layers(block.block)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = x
-        for step in self.steps:
-            out = step(out)
-        return x + out
+    @classmethod
+    def run(cls, states: Sequence[_ResidualState], x: torch.Tensor) -> torch.Tensor:
+        return x + _run_stack([s.steps for s in states], x)
+
+
+def _streaming_layers(layers: nn.ModuleList) -> list[_Layer]:
+    """Each decoder layer with a streaming state of its own."""
+    kinds = {MimiConv1d: _ConvState, MimiConvTranspose1d: _TransposedConvState, MimiResnetBlock: _ResidualState}
+    return [kinds.get(type(layer), _Stateless)(layer) for layer in layers]
+
+
+def _run_stack(stacks: Sequence[Sequence[_Layer]], x: torch.Tensor) -> torch.Tensor:
+    """The same layers of several streams (`stacks`, one per row of `x`), layer by layer."""
+    for states in zip(*stacks, strict=True):
+        x = type(states[0]).run(states, x)
+    return x
 
 
 def quantize(mimi: MimiModel, embeddings: torch.Tensor, num_codebooks: int) -> torch.Tensor:
@@ -95,37 +124,39 @@ def quantize(mimi: MimiModel, embeddings: torch.Tensor, num_codebooks: int) -> t
 
 
 class MimiEncoderStream:
-    """One session's user audio → one latent frame per `frame_samples` input samples, through
-    transformers' streaming path (its `_encode_frame` up to the quantizer, which `quantize`
-    runs for a batch of sessions)."""
+    """One session's user audio → one latent frame per `frame_samples` input samples
+    (`embed_frames` embeds the frames of several sessions as one batch; `quantize` makes codes)."""
 
     def __init__(self, mimi: MimiModel):
         self.mimi = mimi
+        self._encoder = _streaming_layers(mimi.encoder.layers)
         self._past = DynamicCache(config=mimi.config)
-        self._padding = MimiConv1dPaddingCache(*_padding_layout(mimi))
+        self._downsample = _ConvState(mimi.downsample)
 
-    @torch.inference_mode()
     def embed(self, frame: torch.Tensor) -> torch.Tensor:
         """`frame` (frame_samples at the codec's rate) → its latent [1, hidden, 1]."""
-        hidden = self.mimi.encoder(frame.view(1, 1, -1), padding_cache=self._padding)
-        hidden = self.mimi.encoder_transformer(hidden.transpose(1, 2), past_key_values=self._past, use_cache=True,
-                                               return_dict=True).last_hidden_state.transpose(1, 2)
-        latent = self.mimi.downsample(hidden, padding_cache=self._padding)
-        if latent.shape[-1] != 1:
-            raise ValueError(f"a Mimi frame is {frame.numel()} samples; it gave {latent.shape[-1]} frames")
-        return latent
+        return embed_frames([self], frame.view(1, -1))
 
 
-def _padding_layout(mimi: MimiModel) -> tuple[int, list[int], list[str], list[int]]:
-    """The encoder's padding-cache layout, as transformers' `MimiModel.encode` builds it: every
-    causal convolution of the encoder, then the downsampling one."""
-    layers = [mimi.encoder.get_submodule(name) for name in mimi.encoder._mimiconv1d_layer_names] + [mimi.downsample]
-    return (len(layers), [layer.padding_total for layer in layers], [layer.pad_mode for layer in layers],
-            [layer.in_channels for layer in layers])
+@torch.inference_mode()
+def embed_frames(streams: Sequence[MimiEncoderStream], frames: torch.Tensor) -> torch.Tensor:
+    """Each stream's next frame, `frames` [B, frame_samples] → latents [B, hidden, 1]: the
+    convolutions batched, the transformer per stream (its KV cache)."""
+    mimi = streams[0].mimi
+    hidden = _run_stack([s._encoder for s in streams], frames.unsqueeze(1))
+    hidden = torch.cat([
+        mimi.encoder_transformer(hidden[row:row + 1].transpose(1, 2), past_key_values=stream._past, use_cache=True,
+                                 return_dict=True).last_hidden_state.transpose(1, 2)
+        for row, stream in enumerate(streams)])
+    latents = _ConvState.run([s._downsample for s in streams], hidden)
+    if latents.shape[-1] != 1:
+        raise ValueError(f"a Mimi frame is {frames.shape[-1]} samples; it gave {latents.shape[-1]} latent frames")
+    return latents
 
 
 class MimiDecoderStream:
-    """One session's model codes → its speech, frame by frame."""
+    """One session's model codes → its speech, frame by frame (`decode_frames` decodes the frames
+    of several sessions as one batch)."""
 
     def __init__(self, mimi: MimiModel):
         self.mimi = mimi
@@ -133,12 +164,19 @@ class MimiDecoderStream:
         self._past = DynamicCache(config=mimi.config)
         self._decoder = _streaming_layers(mimi.decoder.layers)
 
-    @torch.inference_mode()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """One frame's codes [num_codebooks] → its samples (float32, frame_samples)."""
-        hidden = self._upsample(self.mimi.quantizer.decode(codes.view(1, -1, 1)))
-        hidden = self.mimi.decoder_transformer(hidden.transpose(1, 2), past_key_values=self._past, use_cache=True,
-                                               return_dict=True).last_hidden_state.transpose(1, 2)
-        for step in self._decoder:
-            hidden = step(hidden)
-        return hidden[0, 0]
+        """One frame's codes [num_codebooks] → its samples (frame_samples)."""
+        return decode_frames([self], codes.view(1, -1))[0]
+
+
+@torch.inference_mode()
+def decode_frames(streams: Sequence[MimiDecoderStream], codes: torch.Tensor) -> torch.Tensor:
+    """Each stream's next frame, `codes` [B, num_codebooks] → samples [B, frame_samples]: the
+    quantizer, upsampling and convolutions batched, the transformer per stream (its KV cache)."""
+    mimi = streams[0].mimi
+    hidden = _TransposedConvState.run([s._upsample for s in streams], mimi.quantizer.decode(codes.unsqueeze(-1)))
+    hidden = torch.cat([
+        mimi.decoder_transformer(hidden[row:row + 1].transpose(1, 2), past_key_values=stream._past, use_cache=True,
+                                 return_dict=True).last_hidden_state.transpose(1, 2)
+        for row, stream in enumerate(streams)])
+    return _run_stack([s._decoder for s in streams], hidden)[:, 0]
