@@ -16,6 +16,7 @@ from vllm_omni.config import DeployConfig, load_deploy_config
 from vllm_omni.engine import OmniEngine
 from vllm_omni.engine.family import ModelFamily
 from vllm_omni.engine.native_duplex import NativeDuplexEngine
+from vllm_omni.models.checkpoint_dir import local_checkpoint_dir
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,7 @@ class UnknownModelError(ValueError):
 
 def checkpoint_config(model: str | Path) -> dict[str, Any]:
     """The checkpoint's config.json, from a local folder or the local Hugging Face cache."""
-    folder = Path(model)
-    if not folder.is_dir():
-        from huggingface_hub import snapshot_download
-
-        folder = Path(snapshot_download(str(model), local_files_only=True, allow_patterns=["config.json"]))
-    return json.loads((folder / "config.json").read_text())
+    return json.loads((local_checkpoint_dir(model) / "config.json").read_text())
 
 
 def find_family(config: dict[str, Any]) -> FamilyEntry:

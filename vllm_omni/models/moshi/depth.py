@@ -33,7 +33,7 @@ class _Position:
 
 class BatchedDepth:
     def __init__(self, depth: MoshiDepthDecoder, num_codebooks: int):
-        self.depth, self.num_codebooks = depth, num_codebooks
+        self.depth = depth
         config = depth.config
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = config.head_dim

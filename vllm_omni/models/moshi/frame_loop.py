@@ -88,8 +88,8 @@ class FrameLoop:
         self.temporal = BatchedTemporal(model.decoder, slots)
         self.depth = BatchedDepth(model.depth_decoder, self.num_codebooks)
         self.device, self.dtype = model.decoder.lm_head.weight.device, model.decoder.lm_head.weight.dtype
-        silence = torch.zeros(self.frame_samples, device=self.device, dtype=self.dtype)
-        self.silence_codes = self._quantize([MimiEncoderStream(model.audio_encoder).embed(silence)])[0]
+        silence = torch.zeros(1, self.frame_samples, device=self.device, dtype=self.dtype)
+        self.silence_codes = self._codes([MimiEncoderStream(model.audio_encoder)], silence)[0]
 
     @torch.inference_mode()
     def open(self, seed: int) -> StreamState:
@@ -113,8 +113,7 @@ class FrameLoop:
         model's frame out. A forced session's column says nothing: padding text and the codes
         of silence take the place of what the model had predicted for it."""
         bos = torch.full((self.num_codebooks,), self.audio_bos, device=self.device)
-        heard = self._quantize([embed_frames([state.encoder for state in states],
-                                             torch.stack(list(frames)).to(self.device, self.dtype))])
+        heard = self._codes([state.encoder for state in states], torch.stack(list(frames)).to(self.device, self.dtype))
         users = []
         for state, codes, force in zip(states, heard, forced, strict=True):
             previous = bos if state.previous_user is None else state.previous_user
@@ -149,6 +148,6 @@ class FrameLoop:
             state.text, state.codes = int(next_text[row]), next_codes[row]
         return chosen_at
 
-    def _quantize(self, latents: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Sessions' latent frames → their codes [B, num_codebooks], quantized as one batch."""
-        return quantize(self.model.audio_encoder, torch.cat(list(latents)), self.num_codebooks)
+    def _codes(self, encoders: Sequence[MimiEncoderStream], frames: torch.Tensor) -> torch.Tensor:
+        """Sessions' user frames [B, frame_samples] → their codes [B, num_codebooks], as one batch."""
+        return quantize(self.model.audio_encoder, embed_frames(encoders, frames), self.num_codebooks)

@@ -118,24 +118,21 @@ def _run_stack(stacks: Sequence[Sequence[_Layer]], x: torch.Tensor) -> torch.Ten
     return x
 
 
+@torch.inference_mode()
 def quantize(mimi: MimiModel, embeddings: torch.Tensor, num_codebooks: int) -> torch.Tensor:
     """Frames' latents [B, hidden, 1] (several sessions' at once) → their codes [B, num_codebooks]."""
     return mimi.quantizer.encode(embeddings, num_codebooks)[:, :, 0].T
 
 
 class MimiEncoderStream:
-    """One session's user audio → one latent frame per `frame_samples` input samples
-    (`embed_frames` embeds the frames of several sessions as one batch; `quantize` makes codes)."""
+    """One session's encoder state: `embed_frames` turns the next frame of several sessions into
+    latents as one batch, `quantize` makes codes of them."""
 
     def __init__(self, mimi: MimiModel):
         self.mimi = mimi
         self._encoder = _streaming_layers(mimi.encoder.layers)
         self._past = DynamicCache(config=mimi.config)
         self._downsample = _ConvState(mimi.downsample)
-
-    def embed(self, frame: torch.Tensor) -> torch.Tensor:
-        """`frame` (frame_samples at the codec's rate) → its latent [1, hidden, 1]."""
-        return embed_frames([self], frame.view(1, -1))
 
 
 @torch.inference_mode()
@@ -155,18 +152,14 @@ def embed_frames(streams: Sequence[MimiEncoderStream], frames: torch.Tensor) -> 
 
 
 class MimiDecoderStream:
-    """One session's model codes → its speech, frame by frame (`decode_frames` decodes the frames
-    of several sessions as one batch)."""
+    """One session's decoder state: `decode_frames` turns the next codes of several sessions into
+    speech as one batch."""
 
     def __init__(self, mimi: MimiModel):
         self.mimi = mimi
         self._upsample = _TransposedConvState(mimi.upsample)
         self._past = DynamicCache(config=mimi.config)
         self._decoder = _streaming_layers(mimi.decoder.layers)
-
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """One frame's codes [num_codebooks] → its samples (frame_samples)."""
-        return decode_frames([self], codes.view(1, -1))[0]
 
 
 @torch.inference_mode()

@@ -24,12 +24,3 @@ class TextPieces:
         text = self._tokenizer.id_to_token(token) or ""
         return text.replace("▁", " ")
 
-
-def checkpoint_folder(model: str | Path) -> Path:
-    """A local checkpoint folder, or a Hugging Face name's snapshot in the local cache."""
-    folder = Path(model)
-    if folder.is_dir():
-        return folder
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(str(model), local_files_only=True))

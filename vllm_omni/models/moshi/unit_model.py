@@ -24,10 +24,11 @@ from vllm_omni.audio.pcm import MODEL_RATE, StreamingResampler, float_to_pcm16_b
 from vllm_omni.config import DeployConfig
 from vllm_omni.config.schema import StageConfig
 from vllm_omni.engine.native_duplex import DuplexOpening, UnitDecision
+from vllm_omni.models.checkpoint_dir import local_checkpoint_dir
 from vllm_omni.models.moshi.frame_batcher import FrameBatcher
 from vllm_omni.models.moshi.frame_loop import Frame, FrameLoop, Sampling, StreamState
 from vllm_omni.models.moshi.opening_settings import SETTING_KEYS, scripted_frames
-from vllm_omni.models.moshi.text import SILENT_TEXT_IDS, TextPieces, checkpoint_folder
+from vllm_omni.models.moshi.text import SILENT_TEXT_IDS, TextPieces
 
 UNIT_MS = 80
 UNIT_SAMPLES = MODEL_RATE * UNIT_MS // 1000  # input samples per frame
@@ -73,7 +74,7 @@ class MoshiUnitModel:
         device = torch.device("cuda" if thinker.torch_device == "cuda" else "cpu", thinker.devices[0]
                               if thinker.torch_device == "cuda" else None)
         dtype = getattr(torch, thinker.engine_args.dtype or "float32")
-        folder = checkpoint_folder(model)
+        folder = local_checkpoint_dir(model)
         weights = MoshiForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device).eval()
         slots = thinker.engine_args.max_num_seqs or DEFAULT_SLOTS
         return cls(FrameLoop(weights, slots, _sampling(thinker), _sampling(talker)), TextPieces(folder),

@@ -30,6 +30,8 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeTalkerResizeMLP,
 )
 
+from vllm_omni.models.checkpoint_dir import local_checkpoint_dir
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -64,14 +66,6 @@ class BridgeModules(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.embeddings.weight.dtype
-
-
-def _local_dir(path: str | Path) -> Path:
-    if Path(path).is_dir():
-        return Path(path)
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(str(path), local_files_only=True))
 
 
 def _read_tensors(folder: Path, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
@@ -130,7 +124,7 @@ def load_checkpoint(path: str | Path, dtype: str = "float32", bridge_only: bool 
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     image_processor = _image_processor(path)
     if bridge_only:
-        folder = _local_dir(path)
+        folder = local_checkpoint_dir(path)
         config = Qwen3OmniMoeConfig.from_pretrained(str(folder), local_files_only=True)
         if not config.enable_audio_output:
             raise ValueError(f"{path}: checkpoint has no talker (enable_audio_output is false)")
