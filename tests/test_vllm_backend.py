@@ -195,9 +195,10 @@ KILLS = (("thinker", "before_output"), ("talker", "mid_audio"), ("thinker", "tal
 
 
 def test_killed_engines_fail_their_requests_and_restart(vllm_engine) -> None:
-    """Runs last: SIGKILLs one EngineCore at a time, at three points of a request; each
-    time the request fails within 2 s naming the stage, new requests are refused at once,
-    nothing stays counted, and the stage restarts (restart_on_failure)."""
+    """SIGKILLs one EngineCore at a time, at three points of a request; each time the
+    request fails within 2 s naming the stage, new requests are refused at once, nothing
+    stays counted, and the stage restarts (restart_on_failure). The shared engine is left
+    healthy for later modules even when an assertion fails."""
     engine = vllm_engine
 
     async def scenario():
@@ -215,4 +216,7 @@ def test_killed_engines_fail_their_requests_and_restart(vllm_engine) -> None:
         after = await run_request(engine, engine_request("text"))
         assert after["final"].finish_reason in ("stop", "length"), after["final"].error
 
-    asyncio.run(asyncio.wait_for(scenario(), 1200))
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 1200))
+    finally:
+        asyncio.run(wait_until_healthy(engine, 300))
