@@ -22,7 +22,8 @@ DATA = REPO / "tests" / "data"  # see tests/data/README.md
 # or through another), or lives in one of these modules (they start processes themselves, or
 # ask for the engines by name at run time: `request.getfixturevalue`).
 HEAVY_FIXTURES = frozenset({"tiny_checkpoint", "minicpmo_checkpoint", "tiny_loaded", "vllm_engine",
-                            "minicpmo_vllm_engine", "reference_engine", "moshi_checkpoint", "moshi_engine"})
+                            "minicpmo_vllm_engine", "reference_engine", "moshi_checkpoint", "moshi_engine",
+                            "qwen2_5_omni_checkpoint"})
 SLOW_MODULES = frozenset({"test_docker_image", "test_ray_cluster", "test_demo_page", "test_cli", "test_client_cli",
                           "test_gpu_check_script", "test_scheduler_gaps", "test_duplex_lane_contract",
                           "test_duplex_wire_fields_contract", "test_s0_client_flow", "test_spec_native",
@@ -57,6 +58,13 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from vllm_omni.models.qwen3_omni.tiny.checkpoint import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_qwen3_omni"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def qwen2_5_omni_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from vllm_omni.models.qwen2_5_omni.tiny.checkpoint import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_qwen2_5_omni"), seed=0)
 
 
 @pytest.fixture(scope="session")

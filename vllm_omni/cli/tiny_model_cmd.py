@@ -10,6 +10,7 @@ BUILDERS = {
     "qwen3_omni_moe": "vllm_omni.models.qwen3_omni.tiny.checkpoint",
     "minicpmo_4_5": "vllm_omni.models.minicpmo.tiny.checkpoint",
     "moshi": "vllm_omni.models.moshi.tiny.checkpoint",
+    "qwen2_5_omni": "vllm_omni.models.qwen2_5_omni.tiny.checkpoint",
 }
 
 

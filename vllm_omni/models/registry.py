@@ -33,6 +33,8 @@ class FamilyEntry:
 FAMILIES = (
     FamilyEntry("qwen3_omni", ("Qwen3OmniMoeForConditionalGeneration",), ("qwen3_omni_moe",),
                 "vllm_omni.models.qwen3_omni.family:Qwen3OmniFamily"),
+    FamilyEntry("qwen2_5_omni", ("Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration"), ("qwen2_5_omni",),
+                "vllm_omni.models.qwen2_5_omni.family:Qwen25OmniFamily"),
     FamilyEntry("minicpmo_4_5", ("MiniCPMO",), ("minicpmo",),
                 "vllm_omni.models.minicpmo.duplex_model:MiniCPMOUnitModel", units=True),
     FamilyEntry("moshi", ("MoshiForConditionalGeneration",), ("moshi",),

@@ -108,7 +108,7 @@ def _load_bridge_only(folder: Path, config: Qwen3OmniMoeConfig, dtype: torch.dty
     return thinker, talker, code2wav
 
 
-def _image_processor(path: str | Path) -> Any:
+def saved_image_processor(path: str | Path) -> Any:
     """The checkpoint's saved image processor, or None if it ships none (it then takes no images)."""
     try:
         return AutoImageProcessor.from_pretrained(str(path), local_files_only=True)
@@ -122,7 +122,7 @@ def load_checkpoint(path: str | Path, dtype: str = "float32", bridge_only: bool 
     if dtype not in DTYPES:
         raise ValueError(f"unsupported dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    image_processor = _image_processor(path)
+    image_processor = saved_image_processor(path)
     if bridge_only:
         folder = local_checkpoint_dir(path)
         config = Qwen3OmniMoeConfig.from_pretrained(str(folder), local_files_only=True)

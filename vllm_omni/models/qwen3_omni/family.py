@@ -255,6 +255,11 @@ class Qwen3OmniFamily:
             if not state.talker_started:  # nothing to speak: the request ends with the thinker
                 return []
             out.append(("talker", ThinkerFinished()))
+        return self._connector_policy(state, event, out)
+
+    @staticmethod
+    def _connector_policy(state: RouteState, event: object, out: Route) -> Route:
+        """`out` at once with async_chunk on; else held until the thinker is done."""
         if state.async_chunk:
             return out
         state.held_for_talker += out

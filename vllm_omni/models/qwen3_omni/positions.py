@@ -9,42 +9,49 @@ fewer positions than tokens, and everything after it is shifted by the prompt's 
 
 from __future__ import annotations
 
+import types
+from typing import Any
+
 import torch
 from transformers import Qwen3OmniMoeConfig
-from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeThinkerConfig
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoePreTrainedModelForConditionalGeneration as _OmniModel,
 )
 
 
-class _RopeIndex:
-    """What transformers' `get_rope_index` reads of the model it is a method of, without the model
-    (with vLLM engines holding the weights, this process has none)."""
+class RopeIndex:
+    """What transformers' `get_rope_index` of `model_class` reads of the model it is a method
+    of, without the model (with vLLM engines holding the weights, this process has none)."""
 
-    get_rope_index = _OmniModel.get_rope_index
-    get_llm_pos_ids_for_vision = _OmniModel.get_llm_pos_ids_for_vision
-
-    def __init__(self, config: Qwen3OmniMoeThinkerConfig):
+    def __init__(self, model_class: type, config: Any):
         self.config = config
         self.spatial_merge_size = config.vision_config.spatial_merge_size
+        self._model_class = model_class
+
+    def __getattr__(self, name: str) -> Any:  # get_rope_index and the helpers it calls
+        return types.MethodType(getattr(self._model_class, name), self)
+
+    def positions(self, input_ids: list[int], audio_lengths: list[int],
+                  image_grid_thw: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+        """[4, 1, P] positions of a prompt (a text row, then the t/h/w rows), and its rope delta.
+        `audio_lengths` are the mel frames of its audio items, `image_grid_thw` its images' patch grids."""
+        ids = torch.tensor([input_ids])
+        lengths = torch.tensor(audio_lengths) if audio_lengths else None
+        rows, delta = self.get_rope_index(ids, image_grid_thw, None, torch.ones_like(ids), False, lengths)
+        text = torch.arange(len(input_ids)).view(1, 1, -1)
+        return torch.cat((text, rows.long())), int(delta.flatten()[0])
 
 
 def prompt_positions(config: Qwen3OmniMoeConfig, input_ids: list[int], audio_lengths: list[int],
                      image_grid_thw: torch.Tensor | None) -> tuple[torch.Tensor, int]:
-    """[4, 1, P] positions of a thinker or talker prompt, and its rope delta.
+    """[4, 1, P] positions of a thinker or talker prompt, and its rope delta (`RopeIndex.positions`).
 
-    `audio_lengths` are the mel frames of the prompt's audio items, `image_grid_thw` the patch
-    grids of its images. The talker's own `get_rope_index` is this method on the talker config,
-    whose token ids, spatial merge and position_id_per_seconds are the thinker's; it lacks the
-    audio encoder's `n_window`, which the method reads for the audio of a prompt with images
-    (transformers' talker fails on such prompts), so the thinker config serves both.
+    The talker's own `get_rope_index` is this method on the talker config, whose token ids,
+    spatial merge and position_id_per_seconds are the thinker's; it lacks the audio encoder's
+    `n_window`, which the method reads for the audio of a prompt with images (transformers'
+    talker fails on such prompts), so the thinker config serves both.
     """
-    ids = torch.tensor([input_ids])
-    lengths = torch.tensor(audio_lengths) if audio_lengths else None
-    rows, delta = _RopeIndex(config.thinker_config).get_rope_index(
-        ids, image_grid_thw, None, torch.ones_like(ids), False, lengths)
-    text = torch.arange(len(input_ids)).view(1, 1, -1)
-    return torch.cat((text, rows.long())), int(delta.flatten()[0])
+    return RopeIndex(_OmniModel, config.thinker_config).positions(input_ids, audio_lengths, image_grid_thw)
 
 
 def step_positions(past: int, length: int, delta: int = 0) -> torch.Tensor:

@@ -116,15 +116,19 @@ def render_prompt(
     call's JSON. An assistant message's GENERATED_IDS go in as they are (`template_ids`)."""
     ids = template_ids(tokenizer, messages, tools, call_tool, config.im_end_token_id)
     thinker = config.thinker_config
-    audio_pad, image_pad = thinker.audio_token_id, thinker.image_token_id
+    audio_sizes = [audio_token_count(f.shape[-1], thinker.audio_config.n_window) for f in audio_features]
+    return expand_placeholders(ids, thinker.audio_token_id, thinker.image_token_id, audio_features, audio_sizes,
+                               images)
+
+
+def expand_placeholders(ids: list[int], audio_pad: int, image_pad: int, audio_features: Sequence[torch.Tensor],
+                        audio_sizes: Sequence[int], images: Sequence[ThinkerImage]) -> ThinkerPrompt:
+    """The prompt with each audio placeholder repeated `audio_sizes[i]` times and each image
+    placeholder once per image token (as the checkpoint's processor expands them)."""
     for name, pad, inputs in (("audio", audio_pad, audio_features), ("image", image_pad, images)):
         if ids.count(pad) != len(inputs):
             raise ValueError(f"prompt has {ids.count(pad)} {name} placeholders but {len(inputs)} {name} inputs")
-    # Each placeholder becomes as many pads as the encoder has outputs for its item (as the
-    # checkpoint's processor expands them).
-    audio_sizes = [audio_token_count(f.shape[-1], thinker.audio_config.n_window) for f in audio_features]
-    sizes = {audio_pad: iter(audio_sizes),
-             image_pad: iter([image.num_tokens for image in images])}
+    sizes = {audio_pad: iter(audio_sizes), image_pad: iter([image.num_tokens for image in images])}
     expanded: list[int] = []
     for token in ids:
         expanded += [token] * next(sizes[token]) if token in sizes else [token]

@@ -32,8 +32,10 @@ from vllm_omni.models.qwen3_omni.torch_backend.thinker import ThinkerSequence, T
 
 
 class ThinkerProgram:
+    runner_class: type = TorchThinker  # a family whose thinker differs names its runner here
+
     def __init__(self, checkpoint: Qwen3OmniCheckpoint):
-        self.runner = TorchThinker(checkpoint)
+        self.runner = self.runner_class(checkpoint)
         self._requests: dict[str, tuple[ThinkerSequence, ThinkerJob]] = {}
         self._prefilled: set[str] = set()
 
@@ -83,23 +85,33 @@ class _TalkerState:
 
 
 class TalkerProgram:
+    job_type: type = TalkerJob  # the message that opens a request
+
     def __init__(self, checkpoint: Qwen3OmniCheckpoint):
         self.runner = TorchTalker(checkpoint)
         self.bridge = ThinkerToTalkerBridge(checkpoint)
         self._requests: dict[str, _TalkerState] = {}
 
+    def _open(self, job: TalkerJob) -> _TalkerState:
+        return _TalkerState(job, self.runner.new_sequence(job.sampling))
+
+    def _take_text(self, state: _TalkerState, message: object) -> bool:
+        """Keep a message carrying the thinker's answer; False if `message` is none."""
+        if not isinstance(message, TrailingText):
+            return False
+        state.trailing.extend(message.token_ids)
+        return True
+
     def accept(self, request_id: str, message: object) -> None:
-        if isinstance(message, TalkerJob):
-            self._requests[request_id] = _TalkerState(message, self.runner.new_sequence(message.sampling))
+        if isinstance(message, self.job_type):
+            self._requests[request_id] = self._open(message)
             return
         state = self._requests.get(request_id)
         if state is None:  # the request ended or was aborted; its text arrives late
             return
-        if isinstance(message, TrailingText):
-            state.trailing.extend(message.token_ids)
-        elif isinstance(message, ThinkerFinished):
+        if isinstance(message, ThinkerFinished):
             state.thinker_finished = True
-        else:
+        elif not self._take_text(state, message):
             raise TypeError(f"talker cannot take {type(message).__name__}")
 
     def drop(self, request_id: str) -> None:

@@ -1,0 +1,1 @@
+"""Qwen2.5-Omni (thinker, talker, DiT + BigVGAN token2wav) support."""

@@ -1,0 +1,145 @@
+"""Qwen2.5-Omni's three stage programs on the torch backend (see `engine/stage_api.py`)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from vllm_omni.engine.stage_api import AudioSamples, Emit, StageDone, TextToken
+from vllm_omni.models.qwen2_5_omni.checkpoint import Qwen25OmniCheckpoint
+from vllm_omni.models.qwen2_5_omni.messages import (
+    SAMPLE_RATE,
+    ReplyRow,
+    TalkerJob,
+    ThinkerPrompted,
+    Token2WavJob,
+)
+from vllm_omni.models.qwen2_5_omni.torch_backend.talker import TalkerSequence, TorchTalker
+from vllm_omni.models.qwen2_5_omni.torch_backend.thinker import TorchThinker
+from vllm_omni.models.qwen2_5_omni.torch_backend.token2wav import Token2WavStream, Windows
+from vllm_omni.models.qwen3_omni.messages import CodecChunk, CodecFrame
+from vllm_omni.models.qwen3_omni.torch_backend.programs import TalkerProgram as _Qwen3TalkerProgram
+from vllm_omni.models.qwen3_omni.torch_backend.programs import ThinkerProgram as _Qwen3ThinkerProgram
+
+
+class ThinkerProgram(_Qwen3ThinkerProgram):
+    """Qwen3-Omni's thinker program; its steps also emit the talker's rows."""
+
+    runner_class = TorchThinker
+
+    def step(self, request_id: str, emit: Emit) -> None:
+        seq, job = self._requests[request_id]
+        if request_id not in self._prefilled:
+            token, rows = self.runner.prefill(seq)
+            self._prefilled.add(request_id)
+            if job.report_prefill and not seq.finished:
+                emit(request_id, ThinkerPrompted(job.prompt, rows, token))
+        else:
+            token, row = self.runner.decode(seq)
+            if job.report_prefill:
+                emit(request_id, ReplyRow(row))
+        emit(request_id, TextToken(token, fed=not seq.finished))
+        if seq.finished:
+            emit(request_id, StageDone(seq.finish_reason, len(seq.generated)))
+            self.drop(request_id)
+
+
+@dataclass
+class _TalkerState:
+    job: TalkerJob
+    seq: TalkerSequence
+    rows: deque[torch.Tensor] = field(default_factory=deque)
+    thinker_finished: bool = False
+    text_end_sent: bool = False
+    prefilled: bool = False
+
+
+class TalkerProgram(_Qwen3TalkerProgram):
+    """Qwen3-Omni's request table; the answer arrives as rows, one per step."""
+
+    job_type = TalkerJob
+
+    def __init__(self, checkpoint: Qwen25OmniCheckpoint):  # not super().__init__: no bridge, this family's runner
+        self.runner = TorchTalker(checkpoint)
+        self._requests: dict[str, _TalkerState] = {}
+
+    def _open(self, job: TalkerJob) -> _TalkerState:
+        return _TalkerState(job, self.runner.new_sequence(job.sampling))
+
+    def _take_text(self, state: _TalkerState, message: object) -> bool:
+        if not isinstance(message, ReplyRow):
+            return False
+        state.rows.append(message.row)
+        return True
+
+    def runnable(self) -> list[str]:
+        return [rid for rid, s in self._requests.items() if not s.prefilled or s.rows or s.thinker_finished]
+
+    def _next_row(self, state: _TalkerState) -> torch.Tensor:
+        """The next answer row; once the answer is spent, the text end, then pads."""
+        if state.rows:
+            return state.rows.popleft()
+        if not state.text_end_sent:
+            state.text_end_sent = True
+            return self.runner.text_row(self.runner.text_end_id)
+        return self.runner.text_row(self.runner.text_pad_id)
+
+    def step(self, request_id: str, emit: Emit) -> None:
+        state = self._requests[request_id]
+        seq = state.seq
+        if not state.prefilled:
+            code = self.runner.prefill(seq, state.job)
+            state.prefilled = True
+        else:
+            code = self.runner.decode(seq, self._next_row(state))
+        if not self.runner.stopped(seq):
+            emit(request_id, CodecFrame((code,)))
+        if self.runner.finished(seq):
+            spoken = len(seq.codes) - self.runner.stopped(seq)
+            emit(request_id, StageDone("stop" if self.runner.stopped(seq) else "length", spoken))
+            self.drop(request_id)
+
+
+class Token2WavProgram:
+    """Codes in chunks (`CodecChunk` [1, n]) after a `Token2WavJob`; samples out as windows
+    complete (torch_backend/token2wav.py)."""
+
+    def __init__(self, checkpoint: Qwen25OmniCheckpoint, windows: Windows):
+        self.token2wav = checkpoint.token2wav
+        self.windows = windows
+        self._streams: dict[str, Token2WavStream] = {}
+        self._chunks_out: dict[str, int] = {}
+
+    def accept(self, request_id: str, message: object) -> None:
+        if isinstance(message, Token2WavJob):
+            windows = replace(self.windows, one_shot=message.one_shot)
+            self._streams[request_id] = Token2WavStream(self.token2wav, message.voice, message.seed, windows)
+            self._chunks_out[request_id] = 0
+        elif isinstance(message, CodecChunk):
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.add(message.frames[0].tolist(), message.final)
+        else:
+            raise TypeError(f"code2wav cannot take {type(message).__name__}")
+
+    def drop(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+        self._chunks_out.pop(request_id, None)
+
+    def runnable(self) -> list[str]:
+        return [rid for rid, stream in self._streams.items() if stream.ready()]
+
+    def request_ids(self) -> list[str]:
+        return list(self._streams)
+
+    def step(self, request_id: str, emit: Emit) -> None:
+        stream = self._streams[request_id]
+        samples = stream.step()
+        if samples.numel():
+            self._chunks_out[request_id] += 1
+            emit(request_id, AudioSamples(samples.numpy(), SAMPLE_RATE, final=stream.finished))
+        if stream.finished:
+            emit(request_id, StageDone("stop", self._chunks_out[request_id]))
+            self.drop(request_id)

@@ -1,0 +1,137 @@
+"""Qwen2.5-Omni's token2wav, streamed: codes -> mel (DiT, flow matching) -> waveform (BigVGAN).
+
+The DiT is not causal. Its attention works in blocks of `block_size` mel frames (12 codes):
+each layer sees its own block, a layer listed in `look_ahead_layers` also the next one, a layer
+in `look_backward_layers` also the one before. The ODE solver runs the network many times
+(36 passes for 10 steps), so over a whole decode every frame depends on every code. Streamed,
+each window of blocks is solved over its codes plus `left_codes` before it and the DiT's own
+look-ahead after it, from the same noise frames a one-shot decode would use (the noise is drawn
+frame by frame from the request's seeded generator, which gives exactly the one-shot draw), and
+keeps the mel of its own blocks. BigVGAN is convolutional: each piece is vocoded with
+`vocoder_context_frames` of mel on both sides, and the last frames wait for their right context.
+
+A stream given all its codes at once (async_chunk off) solves the whole answer in one window
+and vocodes the whole mel: exactly transformers' `Qwen2_5OmniToken2WavModel.forward` with the
+same seed. Streamed output differs from it by a bound measured in docs/qwen2_5_omni.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
+
+from vllm_omni.models.qwen2_5_omni.checkpoint import Voice
+
+ODE_STEPS, GUIDANCE_SCALE, SWAY_COEFFICIENT = 10, 0.5, -1.0  # transformers' defaults
+
+
+@torch.no_grad()
+def solve_mel(dit: torch.nn.Module, codes: torch.Tensor, noise: torch.Tensor, voice: Voice) -> torch.Tensor:
+    """[1, mel_dim, frames] mel of `codes` [1, n] from `noise` [1, n * repeats, mel_dim], as
+    transformers' `Qwen2_5OmniToken2WavDiTModel.sample` computes it from its own noise draw."""
+    frames = codes.shape[1] * dit.repeats
+    speaker = voice.conditioning.to(noise.device).unsqueeze(1).repeat(1, frames, 1)
+    reference = voice.reference_mel.to(noise.device)
+
+    def velocity(time_step: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        guided, unguided = torch.chunk(dit(hidden_states=state, quantized_code=codes, speaker_embedding=speaker,
+                                           condition_vector=reference, time_step=time_step, apply_cfg=True), 2)
+        return guided + (guided - unguided) * GUIDANCE_SCALE
+
+    times = torch.linspace(0, 1, ODE_STEPS, device=noise.device, dtype=speaker.dtype)
+    times += SWAY_COEFFICIENT * (torch.cos(torch.pi / 2 * times) - 1 + times)
+    return RungeKutta4ODESolver(function=velocity, initial_value=noise).integrate(times)[-1].permute(0, 2, 1)
+
+
+@dataclass(frozen=True)
+class Windows:
+    """How a stream cuts its codes into DiT windows (in codes; rounded up to whole DiT blocks)."""
+
+    first: int  # the first window: short, for fast first audio
+    most: int  # later windows grow with the audio already solved, up to this
+    left_context: int  # codes before a window that its solve sees
+    vocoder_context_frames: int  # mel frames of BigVGAN context on each side of a piece
+    one_shot: bool = False  # one window over the whole answer, once its last code arrived
+
+
+class Token2WavStream:
+    """One answer's codes in, its waveform out, piece by piece (see the module docstring). The
+    windows depend only on the codes, never on how they arrived."""
+
+    def __init__(self, token2wav: torch.nn.Module, voice: Voice, seed: int, windows: Windows):
+        self.dit, self.vocoder = token2wav.code2wav_dit_model, token2wav.code2wav_bigvgan_model
+        config = self.dit.config
+        self.block_codes = config.block_size // config.repeats
+        self.ahead_codes = self.block_codes * len(config.look_ahead_layers)
+        self.first, self.most, self.left = (_blocks(codes, self.block_codes)
+                                            for codes in (windows.first, windows.most, windows.left_context))
+        self.one_shot, self.context = windows.one_shot, windows.vocoder_context_frames
+        self.hop = math.prod(self.vocoder.config.upsample_rates)
+        self.voice = voice
+        self.device = next(self.dit.parameters()).device
+        self._generator = torch.Generator().manual_seed(seed)
+        self.codes: list[int] = []
+        self._noise = torch.zeros(1, 0, config.mel_dim)
+        self._mel = torch.zeros(1, config.mel_dim, 0, device=self.device)
+        self._solved = 0  # codes whose mel is in `_mel`
+        self._vocoded = 0  # mel frames whose samples were returned
+        self.final = False
+
+    def add(self, codes: list[int], final: bool) -> None:
+        self.codes += codes
+        draw = torch.randn(1, len(codes) * self.dit.repeats, self._noise.shape[2], generator=self._generator)
+        self._noise = torch.cat([self._noise, draw], dim=1)
+        self.final = self.final or final
+
+    def _window_end(self) -> int:
+        """Where the next window ends if it can be solved now (its look-ahead arrived), else `_solved`."""
+        if self.one_shot:
+            return len(self.codes) if self.final else self._solved
+        grown = self._solved // 2 // self.block_codes * self.block_codes
+        end = self._solved + (self.first if self._solved == 0 else min(self.most, max(self.first, grown)))
+        if self.final:
+            return min(end, len(self.codes))
+        return end if len(self.codes) >= end + self.ahead_codes else self._solved
+
+    @property
+    def finished(self) -> bool:
+        """Every code's samples returned (the last code arrived)."""
+        return self.final and self._solved == len(self.codes) and self._vocoded == self._mel.shape[2]
+
+    def ready(self) -> bool:
+        """A step would solve a window or finish the stream."""
+        return self._window_end() > self._solved or (self.final and not self.finished)
+
+    def step(self) -> torch.Tensor:
+        """Solve the next window and vocode what is final: samples [n] (maybe none yet)."""
+        end = self._window_end()
+        if end > self._solved:
+            start = max(0, self._solved - self.left)
+            stop = min(len(self.codes), end + self.ahead_codes)
+            codes = torch.tensor([self.codes[start:stop]], device=self.device)
+            noise = self._noise[:, start * self.dit.repeats: stop * self.dit.repeats].to(self.device)
+            mel = solve_mel(self.dit, codes, noise, self.voice)
+            keep = mel[:, :, (self._solved - start) * self.dit.repeats: (end - start) * self.dit.repeats]
+            self._mel = torch.cat([self._mel, keep], dim=2)
+            self._solved = end
+        return self._vocode()
+
+    @torch.no_grad()
+    def _vocode(self) -> torch.Tensor:
+        frames = self._mel.shape[2]
+        target = frames if self.final and self._solved == len(self.codes) else frames - self.context
+        if target <= self._vocoded:
+            return torch.zeros(0)
+        start = max(0, self._vocoded - self.context)
+        samples = self.vocoder(self._mel[:, :, start:frames]).reshape(-1)
+        piece = samples[(self._vocoded - start) * self.hop: (target - start) * self.hop]
+        self._vocoded = target
+        return piece.float().cpu()
+
+
+def _blocks(codes: int, block: int) -> int:
+    """`codes` rounded up to whole DiT blocks."""
+    return -(-codes // block) * block
