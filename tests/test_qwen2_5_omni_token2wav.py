@@ -20,8 +20,8 @@ from vllm_omni.audio.pcm import float_to_pcm16
 from vllm_omni.models.qwen2_5_omni.checkpoint import Qwen25OmniCheckpoint, load_checkpoint
 from vllm_omni.models.qwen2_5_omni.torch_backend.token2wav import Token2WavStream, Windows
 
-STREAMED = Windows(first=12, most=48, left_context=24, vocoder_context_frames=24)
-ONE_SHOT = Windows(first=12, most=48, left_context=24, vocoder_context_frames=24, one_shot=True)
+STREAMED = Windows(first=12, most=48, left_context=24, vocoder_context_frames=16)
+ONE_SHOT = Windows(first=12, most=48, left_context=24, vocoder_context_frames=16, one_shot=True)
 MEL_BANK = torch.from_numpy(mel_filter_bank(num_frequency_bins=513, num_mel_filters=80, min_frequency=0.0,
                                             max_frequency=12000.0, sampling_rate=24000, norm="slaney",
                                             mel_scale="slaney")).float()

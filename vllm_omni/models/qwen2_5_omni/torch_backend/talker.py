@@ -1,4 +1,4 @@
-"""Qwen2.5-Omni's talker on the torch backend: one codec id per step (one code is 40 ms).
+"""Qwen2.5-Omni's talker on the torch backend: one codec id per step (one code is 20 ms: two mel frames).
 
 Its inputs live in the thinker's space; the module projects them (`thinker_to_talker_proj`).
 The prompt is the thinker prompt's rows, the voice's text bos plus the codec pad embedding, and

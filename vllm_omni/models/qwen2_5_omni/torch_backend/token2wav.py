@@ -8,7 +8,8 @@ each window of blocks is solved over its codes plus `left_codes` before it and t
 look-ahead after it, from the same noise frames a one-shot decode would use (the noise is drawn
 frame by frame from the request's seeded generator, which gives exactly the one-shot draw), and
 keeps the mel of its own blocks. BigVGAN is convolutional: each piece is vocoded with
-`vocoder_context_frames` of mel on both sides, and the last frames wait for their right context.
+`vocoder_context_frames` of mel on both sides, the right side from the window's look-ahead
+(solved again, with more context, by the next window), so a window's audio leaves at once.
 
 A stream given all its codes at once (async_chunk off) solves the whole answer in one window
 and vocodes the whole mel: exactly transformers' `Qwen2_5OmniToken2WavModel.forward` with the
@@ -18,6 +19,7 @@ same seed. Streamed output differs from it by a bound measured in docs/qwen2_5_o
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +28,30 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4OD
 from vllm_omni.models.qwen2_5_omni.checkpoint import Voice
 
 ODE_STEPS, GUIDANCE_SCALE, SWAY_COEFFICIENT = 10, 0.5, -1.0  # transformers' defaults
+
+
+class _SameInputCache(torch.nn.Module):
+    """The DiT's speaker encoder (ECAPA) sees the same reference mel in each of a solve's 36
+    passes and was half of a solve's time: this computes it once per distinct input, per thread
+    (replicas of the stage share the module)."""
+
+    def __init__(self, encoder: torch.nn.Module):
+        super().__init__()
+        self.encoder = encoder
+        self._last = threading.local()
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        seen = getattr(self._last, "pair", None)
+        if seen is None or seen[0].shape != mel.shape or not torch.equal(seen[0], mel):
+            seen = self._last.pair = (mel, self.encoder(mel))
+        return seen[1]
+
+
+def cache_speaker_encoder(dit: torch.nn.Module) -> None:
+    """Compute the DiT's speaker encoding once per reference mel (idempotent; exact)."""
+    embed = dit.input_embed
+    if not isinstance(embed.spk_encoder, _SameInputCache):
+        embed.spk_encoder = _SameInputCache(embed.spk_encoder)
 
 
 @torch.no_grad()
@@ -51,7 +77,7 @@ class Windows:
     """How a stream cuts its codes into DiT windows (in codes; rounded up to whole DiT blocks)."""
 
     first: int  # the first window: short, for fast first audio
-    most: int  # later windows grow with the audio already solved, up to this
+    most: int  # later windows grow with the audio already solved (doubling), up to this
     left_context: int  # codes before a window that its solve sees
     vocoder_context_frames: int  # mel frames of BigVGAN context on each side of a piece
     one_shot: bool = False  # one window over the whole answer, once its last code arrived
@@ -63,6 +89,7 @@ class Token2WavStream:
 
     def __init__(self, token2wav: torch.nn.Module, voice: Voice, seed: int, windows: Windows):
         self.dit, self.vocoder = token2wav.code2wav_dit_model, token2wav.code2wav_bigvgan_model
+        cache_speaker_encoder(self.dit)
         config = self.dit.config
         self.block_codes = config.block_size // config.repeats
         self.ahead_codes = self.block_codes * len(config.look_ahead_layers)
@@ -76,6 +103,7 @@ class Token2WavStream:
         self.codes: list[int] = []
         self._noise = torch.zeros(1, 0, config.mel_dim)
         self._mel = torch.zeros(1, config.mel_dim, 0, device=self.device)
+        self._ahead = self._mel  # provisional mel after `_mel` (the last window's look-ahead)
         self._solved = 0  # codes whose mel is in `_mel`
         self._vocoded = 0  # mel frames whose samples were returned
         self.final = False
@@ -90,8 +118,9 @@ class Token2WavStream:
         """Where the next window ends if it can be solved now (its look-ahead arrived), else `_solved`."""
         if self.one_shot:
             return len(self.codes) if self.final else self._solved
-        grown = self._solved // 2 // self.block_codes * self.block_codes
-        end = self._solved + (self.first if self._solved == 0 else min(self.most, max(self.first, grown)))
+        # a window costs about the same whatever its size (the ODE's passes dominate), so each is as
+        # long as all before it together: the audio already out covers the next one's time
+        end = self._solved + (self.first if self._solved == 0 else min(self.most, max(self.first, self._solved)))
         if self.final:
             return min(end, len(self.codes))
         return end if len(self.codes) >= end + self.ahead_codes else self._solved
@@ -106,7 +135,7 @@ class Token2WavStream:
         return self._window_end() > self._solved or (self.final and not self.finished)
 
     def step(self) -> torch.Tensor:
-        """Solve the next window and vocode what is final: samples [n] (maybe none yet)."""
+        """Solve the next window and vocode its mel: samples [n] (none before the first window)."""
         end = self._window_end()
         if end > self._solved:
             start = max(0, self._solved - self.left)
@@ -114,21 +143,24 @@ class Token2WavStream:
             codes = torch.tensor([self.codes[start:stop]], device=self.device)
             noise = self._noise[:, start * self.dit.repeats: stop * self.dit.repeats].to(self.device)
             mel = solve_mel(self.dit, codes, noise, self.voice)
-            keep = mel[:, :, (self._solved - start) * self.dit.repeats: (end - start) * self.dit.repeats]
-            self._mel = torch.cat([self._mel, keep], dim=2)
+            split = (end - start) * self.dit.repeats
+            self._mel = torch.cat([self._mel, mel[:, :, (self._solved - start) * self.dit.repeats: split]], dim=2)
+            self._ahead = mel[:, :, split:]  # the look-ahead's mel, solved again by the next window
             self._solved = end
         return self._vocode()
 
     @torch.no_grad()
     def _vocode(self) -> torch.Tensor:
+        """Samples of the mel frames solved since the last call, vocoded with `context` frames on
+        each side: final mel on the left, the look-ahead's provisional mel on the right."""
         frames = self._mel.shape[2]
-        target = frames if self.final and self._solved == len(self.codes) else frames - self.context
-        if target <= self._vocoded:
+        if frames <= self._vocoded:
             return torch.zeros(0)
         start = max(0, self._vocoded - self.context)
-        samples = self.vocoder(self._mel[:, :, start:frames]).reshape(-1)
-        piece = samples[(self._vocoded - start) * self.hop: (target - start) * self.hop]
-        self._vocoded = target
+        mel = torch.cat([self._mel[:, :, start:], self._ahead[:, :, :self.context]], dim=2)
+        samples = self.vocoder(mel).reshape(-1)
+        piece = samples[(self._vocoded - start) * self.hop: (frames - start) * self.hop]
+        self._vocoded = frames
         return piece.float().cpu()
 
 
