@@ -21,14 +21,12 @@ import pytest
 import torch
 from transformers import AutoProcessor, Qwen2_5OmniForConditionalGeneration
 
-from tests.conftest import REPO, read_fixture_pcm
+from tests.conftest import read_fixture_pcm
 from tests.engine_helpers import run_request
 from tests.hf_reference import hf_messages
+from tests.qwen2_5_omni_helpers import make_engine
 from vllm_omni.audio.pcm import float_to_pcm16
-from vllm_omni.config import load_deploy_config
-from vllm_omni.engine import Message, OmniEngine, OmniRequest
-from vllm_omni.models.qwen2_5_omni.family import Qwen25OmniFamily
-from vllm_omni.models.qwen3_omni.messages import CodecFrame
+from vllm_omni.engine import Message, OmniRequest
 
 THINKER_TOKENS, TALKER_TOKENS = 16, 90
 SEED = 0  # the DiT noise seed configs/qwen2_5_omni_tiny_cpu_torch.yaml fixes for the code2wav stage
@@ -38,31 +36,6 @@ CASES = {
     "audio": [("system", "You are a helpful voice assistant.", None), ("user", None, "speech_en_single.wav")],
 }
 SETTINGS = {"sync": (False, 12, 48), "async-12-48": (True, 12, 48), "async-24-24": (True, 24, 24)}
-
-
-class RecordingFamily(Qwen25OmniFamily):
-    """The real family, also keeping each request's codes."""
-
-    codes: dict[str, list[int]]
-
-    def route(self, state, role, event):
-        if isinstance(event, CodecFrame):
-            self.codes.setdefault(state.request_id, []).extend(event.codes)
-        return super().route(state, role, event)
-
-    def codes_of(self, request_id: str) -> np.ndarray:
-        return np.array(self.codes.get(request_id, []), dtype=np.int64)
-
-
-def make_engine(checkpoint, async_chunk: bool, first: int, most: int) -> OmniEngine:
-    deploy = load_deploy_config(REPO / "configs" / "qwen2_5_omni_tiny_cpu_torch.yaml")
-    connectors = [c.model_copy(update={"extra": c.extra.model_copy(update={
-        "initial_codec_chunk_frames": first, "codec_chunk_frames": most})}) if c.extra else c
-        for c in deploy.connectors]
-    family = RecordingFamily.load(checkpoint, deploy.model_copy(update={"async_chunk": async_chunk,
-                                                                        "connectors": connectors}))
-    family.codes = {}
-    return OmniEngine(family)
 
 
 @contextmanager

@@ -34,7 +34,12 @@ from vllm_omni.models.qwen2_5_omni.messages import (
     Token2WavJob,
 )
 from vllm_omni.models.qwen2_5_omni.prompt import render_prompt
-from vllm_omni.models.qwen2_5_omni.torch_backend.programs import TalkerProgram, ThinkerProgram, Token2WavProgram
+from vllm_omni.models.qwen2_5_omni.torch_backend.programs import (
+    BatchedToken2WavProgram,
+    TalkerProgram,
+    ThinkerProgram,
+    Token2WavProgram,
+)
 from vllm_omni.models.qwen2_5_omni.torch_backend.token2wav import Windows
 from vllm_omni.models.qwen3_omni.family import CodecChunker, Qwen3OmniFamily
 from vllm_omni.models.qwen3_omni.images import ThinkerImage
@@ -92,7 +97,8 @@ class Qwen25OmniFamily(Qwen3OmniFamily):
         if stage.role == "talker":
             return TalkerProgram(self.checkpoint)
         chunking = self.chunking
-        return Token2WavProgram(self.checkpoint, Windows(
+        program = BatchedToken2WavProgram if stage.batch_requests else Token2WavProgram
+        return program(self.checkpoint, Windows(
             first=chunking.initial_codec_chunk_frames, most=chunking.codec_chunk_frames,
             left_context=chunking.codec_left_context_frames, vocoder_context_frames=VOCODER_CONTEXT_FRAMES))
 

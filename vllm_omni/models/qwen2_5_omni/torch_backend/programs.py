@@ -18,7 +18,7 @@ from vllm_omni.models.qwen2_5_omni.messages import (
 )
 from vllm_omni.models.qwen2_5_omni.torch_backend.talker import TalkerSequence, TorchTalker
 from vllm_omni.models.qwen2_5_omni.torch_backend.thinker import TorchThinker
-from vllm_omni.models.qwen2_5_omni.torch_backend.token2wav import Token2WavStream, Windows
+from vllm_omni.models.qwen2_5_omni.torch_backend.token2wav import Token2WavStream, Windows, solve_windows
 from vllm_omni.models.qwen3_omni.messages import CodecChunk, CodecFrame
 from vllm_omni.models.qwen3_omni.torch_backend.programs import TalkerProgram as _Qwen3TalkerProgram
 from vllm_omni.models.qwen3_omni.torch_backend.programs import ThinkerProgram as _Qwen3ThinkerProgram
@@ -135,11 +135,27 @@ class Token2WavProgram:
         return list(self._streams)
 
     def step(self, request_id: str, emit: Emit) -> None:
+        self._deliver(request_id, self._streams[request_id].step(), emit)
+
+    def _deliver(self, request_id: str, samples: torch.Tensor, emit: Emit) -> None:
         stream = self._streams[request_id]
-        samples = stream.step()
         if samples.numel():
             self._chunks_out[request_id] += 1
             emit(request_id, AudioSamples(samples.numpy(), SAMPLE_RATE, final=stream.finished))
         if stream.finished:
             emit(request_id, StageDone("stop", self._chunks_out[request_id]))
             self.drop(request_id)
+
+
+class BatchedToken2WavProgram(Token2WavProgram):
+    """Token2WavProgram stepping a round's requests in one call (engine/stage_api.py's
+    BatchedStageProgram), for stages with `batch_requests`: windows of one length are solved
+    in one batched DiT solve (`solve_windows`), then each request's audio is vocoded and sent."""
+
+    def step_batch(self, request_ids: list[str], emit: Emit) -> None:
+        streams = [self._streams[rid] for rid in request_ids]
+        windows = [stream.next_window() for stream in streams]
+        solving = [i for i, window in enumerate(windows) if window is not None]
+        solve_windows([streams[i] for i in solving], [windows[i] for i in solving])
+        for request_id, stream in zip(request_ids, streams, strict=True):
+            self._deliver(request_id, stream.vocode(), emit)

@@ -6,7 +6,9 @@ the first answer token's row plus the codec bos embedding, at the TMRoPE positio
 text ids. Each step then adds the last code's embedding to the next reply row. As in
 transformers' `generate`: the repetition penalty counts the codec ids of the prompt's codec
 track (mask, pad, bos) and the codes sampled so far, codec bos is never sampled, and codec pad
-or codec end ends the speech.
+or codec end ends the speech. Unlike transformers, no other id past the DiT's code embeddings
+(`num_embeds`) is sampled either: those are control ids, and token2wav cannot embed them
+(transformers' `generate` fails there when a model samples one; a trained talker does not).
 
 transformers 5.19's `generate` drops an all-ones attention mask before the talker's first
 forward, and with it the codec pad/bos embeddings and the TMRoPE positions of the talker's
@@ -50,6 +52,10 @@ class TorchTalker:
         self.bos_id, self.end_id = cfg.tts_codec_start_token_id, cfg.tts_codec_end_token_id
         self.stop_ids = (self.pad_id, self.end_id)
         self.text_end_id, self.text_pad_id = cfg.tts_text_end_token_id, cfg.tts_text_pad_token_id
+        # Only speech codes (the ids token2wav's DiT embeds) and the two stops are sampled
+        speech = checkpoint.config.token2wav_config.dit_config.num_embeds
+        self._suppressed = torch.tensor([i for i in range(speech, cfg.vocab_size) if i not in self.stop_ids],
+                                        device=self.device)
         self.thinker_embeddings = checkpoint.thinker.get_input_embeddings()
 
     def new_sequence(self, sampling: SamplingParams) -> TalkerSequence:
@@ -72,7 +78,7 @@ class TorchTalker:
                                                     device=self.device),
                           position_ids=positions.to(self.device), past_key_values=seq.cache, use_cache=True)
         logits = apply_repetition_penalty(out.logits[0, -1].float(), seq.history, seq.sampling.repetition_penalty)
-        logits[self.bos_id] = float("-inf")
+        logits[self._suppressed] = float("-inf")
         if seq.sampling.ignore_eos or len(seq.codes) < seq.sampling.min_tokens:
             logits[list(self.stop_ids)] = float("-inf")
         code = seq.sampler.choose(logits)

@@ -55,12 +55,13 @@ def cache_speaker_encoder(dit: torch.nn.Module) -> None:
 
 
 @torch.no_grad()
-def solve_mel(dit: torch.nn.Module, codes: torch.Tensor, noise: torch.Tensor, voice: Voice) -> torch.Tensor:
-    """[1, mel_dim, frames] mel of `codes` [1, n] from `noise` [1, n * repeats, mel_dim], as
+def solve_mel(dit: torch.nn.Module, codes: torch.Tensor, noise: torch.Tensor, conditioning: torch.Tensor,
+              reference_mel: torch.Tensor) -> torch.Tensor:
+    """[B, mel_dim, frames] mel of `codes` [B, n] from `noise` [B, n * repeats, mel_dim], in the
+    voices of `conditioning` [B, enc_emb_dim] and `reference_mel` [B, T, mel_dim], as
     transformers' `Qwen2_5OmniToken2WavDiTModel.sample` computes it from its own noise draw."""
-    frames = codes.shape[1] * dit.repeats
-    speaker = voice.conditioning.to(noise.device).unsqueeze(1).repeat(1, frames, 1)
-    reference = voice.reference_mel.to(noise.device)
+    speaker = conditioning.to(noise.device).unsqueeze(1).repeat(1, codes.shape[1] * dit.repeats, 1)
+    reference = reference_mel.to(noise.device)
 
     def velocity(time_step: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         guided, unguided = torch.chunk(dit(hidden_states=state, quantized_code=codes, speaker_embedding=speaker,
@@ -70,6 +71,33 @@ def solve_mel(dit: torch.nn.Module, codes: torch.Tensor, noise: torch.Tensor, vo
     times = torch.linspace(0, 1, ODE_STEPS, device=noise.device, dtype=speaker.dtype)
     times += SWAY_COEFFICIENT * (torch.cos(torch.pi / 2 * times) - 1 + times)
     return RungeKutta4ODESolver(function=velocity, initial_value=noise).integrate(times)[-1].permute(0, 2, 1)
+
+
+@dataclass(frozen=True)
+class Window:
+    """The next DiT solve of a stream: codes [start, stop) solved, the mel of [solved, end) kept."""
+
+    start: int
+    end: int
+    stop: int
+    codes: torch.Tensor  # [1, stop - start]
+    noise: torch.Tensor  # [1, (stop - start) * repeats, mel_dim]
+
+
+def solve_windows(streams: list[Token2WavStream], windows: list[Window]) -> None:
+    """Solve each stream's window, windows of one length and voice shape in one batched solve
+    (the DiT's many small passes cost about the same for one row as for eight)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (stream, window) in enumerate(zip(streams, windows, strict=True)):
+        groups.setdefault((window.codes.shape[1], tuple(stream.voice.reference_mel.shape)), []).append(i)
+    for members in groups.values():
+        dit = streams[members[0]].dit
+        mel = solve_mel(dit, torch.cat([windows[i].codes for i in members]),
+                        torch.cat([windows[i].noise for i in members]),
+                        torch.cat([streams[i].voice.conditioning for i in members]),
+                        torch.cat([streams[i].voice.reference_mel for i in members]))
+        for row, i in enumerate(members):
+            streams[i].take_mel(windows[i], mel[row:row + 1])
 
 
 @dataclass(frozen=True)
@@ -134,23 +162,33 @@ class Token2WavStream:
         """A step would solve a window or finish the stream."""
         return self._window_end() > self._solved or (self.final and not self.finished)
 
-    def step(self) -> torch.Tensor:
-        """Solve the next window and vocode its mel: samples [n] (none before the first window)."""
+    def next_window(self) -> Window | None:
+        """The window to solve now, if one can be (`ready`)."""
         end = self._window_end()
-        if end > self._solved:
-            start = max(0, self._solved - self.left)
-            stop = min(len(self.codes), end + self.ahead_codes)
-            codes = torch.tensor([self.codes[start:stop]], device=self.device)
-            noise = self._noise[:, start * self.dit.repeats: stop * self.dit.repeats].to(self.device)
-            mel = solve_mel(self.dit, codes, noise, self.voice)
-            split = (end - start) * self.dit.repeats
-            self._mel = torch.cat([self._mel, mel[:, :, (self._solved - start) * self.dit.repeats: split]], dim=2)
-            self._ahead = mel[:, :, split:]  # the look-ahead's mel, solved again by the next window
-            self._solved = end
-        return self._vocode()
+        if end <= self._solved:
+            return None
+        start = max(0, self._solved - self.left)
+        stop = min(len(self.codes), end + self.ahead_codes)
+        return Window(start, end, stop, torch.tensor([self.codes[start:stop]], device=self.device),
+                      self._noise[:, start * self.dit.repeats: stop * self.dit.repeats].to(self.device))
+
+    def take_mel(self, window: Window, mel: torch.Tensor) -> None:
+        """Keep the solved mel [1, mel_dim, frames] of `window`'s own codes; its look-ahead's as provisional."""
+        repeats = self.dit.repeats
+        split = (window.end - window.start) * repeats
+        self._mel = torch.cat([self._mel, mel[:, :, (self._solved - window.start) * repeats: split]], dim=2)
+        self._ahead = mel[:, :, split:]  # solved again, with more context, by the next window
+        self._solved = window.end
+
+    def step(self) -> torch.Tensor:
+        """Solve the next window and vocode its mel: samples [n] (maybe none)."""
+        window = self.next_window()
+        if window is not None:
+            solve_windows([self], [window])
+        return self.vocode()
 
     @torch.no_grad()
-    def _vocode(self) -> torch.Tensor:
+    def vocode(self) -> torch.Tensor:
         """Samples of the mel frames solved since the last call, vocoded with `context` frames on
         each side: final mel on the left, the look-ahead's provisional mel on the right."""
         frames = self._mel.shape[2]

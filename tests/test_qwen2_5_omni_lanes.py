@@ -1,0 +1,67 @@
+"""The project's end-to-end scenarios, written for Qwen3-Omni, against the tiny Qwen2.5-Omni
+deploy (configs/qwen2_5_omni_tiny_cpu_torch.yaml) over real sockets: the GA lane (server VAD
+turns, barge-in, cancel, every error case, history and close, the official SDK, out-of-band
+responses), the duplex lane in turn-based mode (a dropped socket resumed, the client and the
+bench with barge-in), /v1/chat/completions with spoken and pictured questions, and tools in
+the prompt. Each scenario is the imported test itself, given this module's fixtures."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.qwen2_5_omni_helpers import make_engine
+from tests.realtime_helpers import sampling_defaults, serving
+from tests.test_chat_completions import (  # noqa: F401 (collected here, on this module's fixtures)
+    test_a_text_question_gets_a_playable_wav_and_its_transcript,
+    test_an_earlier_answer_is_referred_to_by_its_audio_id,
+    test_spoken_and_pictured_questions_count_their_tokens,
+)
+from tests.test_duplex_client import (  # noqa: F401
+    test_a_dropped_socket_resumes_and_every_event_arrives_once,
+    test_bench_on_the_duplex_lane_with_barge_in,
+    test_client_cli_on_the_duplex_lane,
+)
+from tests.test_realtime_ga_lane import (  # noqa: F401
+    test_barge_in_cancels_the_response_and_starts_the_next_turn,
+    test_every_error_case_then_a_successful_turn,
+    test_openai_sdk_completes_a_turn,
+    test_out_of_band_response_stays_out_of_the_history,
+    test_response_cancel_mid_stream,
+    test_server_vad_two_turns,
+    test_text_item_history_and_session_close,
+)
+from tests.test_tool_calls import (  # noqa: F401
+    test_forcing_a_call_on_the_torch_backend_is_refused_with_the_reason,
+    test_tools_and_results_reach_the_prompt_as_the_template_writes_them,
+)
+
+# Answers long enough to speak over (a code is 20 ms), short enough for a 2-core machine.
+ANSWERS = {"thinker": {"max_tokens": 24}, "talker": {"max_tokens": 100, "min_tokens": 60}}
+
+
+@pytest.fixture(scope="module")
+def engine(qwen2_5_omni_checkpoint):
+    built = make_engine(qwen2_5_omni_checkpoint)
+    with sampling_defaults(built, ANSWERS):
+        yield built
+    built.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    """The GA lane: (ws URL, engine)."""
+    with serving(engine, borrowed=True) as (url, served, _):
+        yield url, served
+
+
+@pytest.fixture(scope="module")
+def server_url(engine):
+    """The duplex lane, turn-based: its http URL."""
+    with serving(engine, borrowed=True, session_mode="duplex") as (url, _, _):
+        yield url.replace("ws://", "http://")
+
+
+@pytest.fixture(scope="module")
+def served(engine):
+    with serving(engine, borrowed=True) as running:
+        yield running
