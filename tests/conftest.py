@@ -23,7 +23,7 @@ DATA = REPO / "tests" / "data"  # see tests/data/README.md
 # ask for the engines by name at run time: `request.getfixturevalue`).
 HEAVY_FIXTURES = frozenset({"tiny_checkpoint", "minicpmo_checkpoint", "tiny_loaded", "vllm_engine",
                             "minicpmo_vllm_engine", "reference_engine", "moshi_checkpoint", "moshi_engine",
-                            "qwen2_5_omni_checkpoint"})
+                            "qwen2_5_omni_checkpoint", "qwen2_5_omni_loaded", "turn_model"})
 SLOW_MODULES = frozenset({"test_docker_image", "test_ray_cluster", "test_demo_page", "test_cli", "test_client_cli",
                           "test_gpu_check_script", "test_scheduler_gaps", "test_duplex_lane_contract",
                           "test_duplex_wire_fields_contract", "test_s0_client_flow", "test_spec_native",
@@ -102,6 +102,24 @@ def tiny_loaded(tiny_checkpoint: Path):
     from vllm_omni.models.qwen3_omni.checkpoint import load_checkpoint
 
     return load_checkpoint(tiny_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def qwen2_5_omni_loaded(qwen2_5_omni_checkpoint: Path):
+    """The tiny Qwen2.5-Omni checkpoint loaded once for every engine in the session."""
+    from vllm_omni.models.qwen2_5_omni.checkpoint import load_checkpoint
+
+    return load_checkpoint(qwen2_5_omni_checkpoint)
+
+
+TURN_MODELS = {"qwen3_omni": "tiny_loaded", "qwen2_5_omni": "qwen2_5_omni_loaded"}
+
+
+@pytest.fixture(scope="session", params=list(TURN_MODELS))
+def turn_model(request: pytest.FixtureRequest):
+    """Each turn-based model's loaded tiny checkpoint in turn: the spec-written suites run
+    against every turn-based deploy (tests/realtime_helpers.py `running_server`)."""
+    return request.getfixturevalue(TURN_MODELS[request.param])
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,8 @@ from vllm_omni.client.streaming import append_events as client_append_events
 from vllm_omni.config import get_deploy_config_path, load_deploy_config, modify_stage_config
 from vllm_omni.engine import OmniEngine
 from vllm_omni.engine.interface import ServedEngine
+from vllm_omni.models.qwen2_5_omni.checkpoint import Qwen25OmniCheckpoint
+from vllm_omni.models.qwen2_5_omni.family import Qwen25OmniFamily
 from vllm_omni.models.qwen3_omni.family import Qwen3OmniFamily
 from vllm_omni.server.app import create_app
 from vllm_omni.server.settings import ServerSettings
@@ -34,10 +36,12 @@ def free_port() -> int:
 
 @contextmanager
 def running_server(checkpoint, overrides: dict[str, Any], **settings: Any):
-    """Serve the tiny checkpoint with the tiny CPU config plus `overrides`; yield the ws URL."""
-    path = modify_stage_config(get_deploy_config_path("qwen3_omni_tiny_cpu_torch"), overrides)
-    deploy = load_deploy_config(path, platform="cpu")
-    engine = OmniEngine(Qwen3OmniFamily(checkpoint, deploy))
+    """Serve a loaded tiny checkpoint (Qwen3-Omni's or Qwen2.5-Omni's) with its tiny CPU torch
+    config plus `overrides`; yield the ws URL."""
+    qwen2_5 = isinstance(checkpoint, Qwen25OmniCheckpoint)
+    config = "qwen2_5_omni_tiny_cpu_torch" if qwen2_5 else "qwen3_omni_tiny_cpu_torch"
+    deploy = load_deploy_config(modify_stage_config(get_deploy_config_path(config), overrides), platform="cpu")
+    engine = OmniEngine((Qwen25OmniFamily if qwen2_5 else Qwen3OmniFamily)(checkpoint, deploy))
     with serving(engine, **settings) as served:
         yield served
 

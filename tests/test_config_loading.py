@@ -20,7 +20,8 @@ from vllm_omni.config import loader as loader_module
 from vllm_omni.config.schema import PLATFORMS
 
 BUNDLED = ["qwen3_omni_moe", "qwen3_omni_duplex", "qwen3_omni_tiny_cpu", "qwen3_omni_tiny_cpu_torch",
-           "qwen3_omni_tiny_cpu_duplex", "qwen3_omni_tiny_gpu", "qwen3_omni_moe_ray"]
+           "qwen3_omni_tiny_cpu_duplex", "qwen3_omni_tiny_gpu", "qwen3_omni_moe_ray", "qwen2_5_omni",
+           "qwen2_5_omni_tiny_cpu_torch"]
 
 
 @pytest.mark.parametrize("name", BUNDLED)

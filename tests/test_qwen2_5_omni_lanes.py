@@ -1,9 +1,10 @@
 """The project's end-to-end scenarios, written for Qwen3-Omni, against the tiny Qwen2.5-Omni
 deploy (configs/qwen2_5_omni_tiny_cpu_torch.yaml) over real sockets: the GA lane (server VAD
-turns, barge-in, cancel, every error case, history and close, the official SDK, out-of-band
-responses), the duplex lane in turn-based mode (a dropped socket resumed, the client and the
-bench with barge-in), /v1/chat/completions with spoken and pictured questions, and tools in
-the prompt. Each scenario is the imported test itself, given this module's fixtures."""
+turns, barge-in, cancel, history and close, the official SDK, out-of-band responses), the
+duplex lane in turn-based mode (a dropped socket resumed, the client), /v1/chat/completions
+with spoken and pictured questions, and tools in the prompt. Each scenario is the imported
+test itself, given this module's fixtures. The spec-written suites run on this deploy too
+(the `turn_model` fixture, tests/conftest.py), with every error case of both lanes."""
 
 from __future__ import annotations
 
@@ -18,12 +19,10 @@ from tests.test_chat_completions import (  # noqa: F401 (collected here, on this
 )
 from tests.test_duplex_client import (  # noqa: F401
     test_a_dropped_socket_resumes_and_every_event_arrives_once,
-    test_bench_on_the_duplex_lane_with_barge_in,
     test_client_cli_on_the_duplex_lane,
 )
 from tests.test_realtime_ga_lane import (  # noqa: F401
     test_barge_in_cancels_the_response_and_starts_the_next_turn,
-    test_every_error_case_then_a_successful_turn,
     test_openai_sdk_completes_a_turn,
     test_out_of_band_response_stays_out_of_the_history,
     test_response_cancel_mid_stream,

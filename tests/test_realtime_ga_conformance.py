@@ -23,10 +23,10 @@ GA_RATE = 24000  # GA's audio/pcm: the client says no rate, the server assumes t
 
 
 @pytest.fixture(scope="module")
-def server(tiny_loaded):
+def server(turn_model):
     overrides = {"stages.1.default_sampling_params.max_tokens": 64,
                  "stages.1.default_sampling_params.min_tokens": 40}
-    with running_server(tiny_loaded, overrides) as (url, _, _):
+    with running_server(turn_model, overrides) as (url, _, _):
         yield url
 
 

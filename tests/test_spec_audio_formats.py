@@ -25,9 +25,9 @@ SPELLINGS = {  # canonical name: its accepted spellings
 
 
 @pytest.fixture(scope="module")
-def server(tiny_loaded):
+def server(turn_model):
     overrides = {"stages.1.default_sampling_params.max_tokens": 24}
-    with running_server(tiny_loaded, overrides) as (url, _, _):
+    with running_server(turn_model, overrides) as (url, _, _):
         yield url
 
 

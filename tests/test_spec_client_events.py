@@ -12,8 +12,8 @@ from tests.realtime_helpers import MODEL_NAME, Client, append_events, fixture_pc
 
 
 @pytest.fixture(scope="module")
-def duplex_server(tiny_loaded):
-    with running_server(tiny_loaded, {"stages.1.default_sampling_params.max_tokens": 32},
+def duplex_server(turn_model):
+    with running_server(turn_model, {"stages.1.default_sampling_params.max_tokens": 32},
                         session_mode="duplex") as (url, _, _):
         yield url
 

@@ -22,14 +22,14 @@ OBSOLETE_QUERY = "native_duplex=1&session_id=mine&call_id=c1&intent=transcriptio
 
 
 @pytest.fixture(scope="module")
-def turn_server(tiny_loaded):
-    with running_server(tiny_loaded, {"stages.1.default_sampling_params.max_tokens": 32}) as (url, _, _):
+def turn_server(turn_model):
+    with running_server(turn_model, {"stages.1.default_sampling_params.max_tokens": 32}) as (url, _, _):
         yield url
 
 
 @pytest.fixture(scope="module")
-def duplex_server(tiny_loaded):
-    with running_server(tiny_loaded, {"stages.1.default_sampling_params.max_tokens": 32},
+def duplex_server(turn_model):
+    with running_server(turn_model, {"stages.1.default_sampling_params.max_tokens": 32},
                         session_mode="duplex") as (url, _, _):
         yield url
 

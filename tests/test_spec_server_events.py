@@ -21,10 +21,10 @@ PLAYBACK = {"generated_ms", "sent_ms", "played_ms", "committed_ms"}
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_loaded):
+def servers(turn_model):
     overrides = {"stages.1.default_sampling_params.max_tokens": 40}
-    with running_server(tiny_loaded, overrides) as (ga_url, _, _), \
-            running_server(tiny_loaded, overrides, session_mode="duplex") as (duplex_url, _, _):
+    with running_server(turn_model, overrides) as (ga_url, _, _), \
+            running_server(turn_model, overrides, session_mode="duplex") as (duplex_url, _, _):
         yield {"G": ga_url, "D": duplex_url}
 
 
