@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from vllm_omni.engine.stage_api import AudioSamples, Emit, StageDone, TextToken
+from vllm_omni.engine.stage_api import AudioSamples, Emit, StageDone
 from vllm_omni.models.qwen2_5_omni.checkpoint import Qwen25OmniCheckpoint
 from vllm_omni.models.qwen2_5_omni.messages import (
     SAMPLE_RATE,
@@ -19,9 +19,10 @@ from vllm_omni.models.qwen2_5_omni.messages import (
 from vllm_omni.models.qwen2_5_omni.torch_backend.talker import TalkerSequence, TorchTalker
 from vllm_omni.models.qwen2_5_omni.torch_backend.thinker import TorchThinker
 from vllm_omni.models.qwen2_5_omni.torch_backend.token2wav import Token2WavStream, Windows, solve_windows
-from vllm_omni.models.qwen3_omni.messages import CodecChunk, CodecFrame
+from vllm_omni.models.qwen3_omni.messages import CodecChunk, CodecFrame, ThinkerJob
 from vllm_omni.models.qwen3_omni.torch_backend.programs import TalkerProgram as _Qwen3TalkerProgram
 from vllm_omni.models.qwen3_omni.torch_backend.programs import ThinkerProgram as _Qwen3ThinkerProgram
+from vllm_omni.models.qwen3_omni.torch_backend.thinker import ThinkerSequence
 
 
 class ThinkerProgram(_Qwen3ThinkerProgram):
@@ -29,21 +30,13 @@ class ThinkerProgram(_Qwen3ThinkerProgram):
 
     runner_class = TorchThinker
 
-    def step(self, request_id: str, emit: Emit) -> None:
-        seq, job = self._requests[request_id]
-        if request_id not in self._prefilled:
-            token, rows = self.runner.prefill(seq)
-            self._prefilled.add(request_id)
-            if job.report_prefill and not seq.finished:
-                emit(request_id, ThinkerPrompted(job.prompt, rows, token))
-        else:
-            token, row = self.runner.decode(seq)
-            if job.report_prefill:
-                emit(request_id, ReplyRow(row))
-        emit(request_id, TextToken(token, fed=not seq.finished))
-        if seq.finished:
-            emit(request_id, StageDone(seq.finish_reason, len(seq.generated)))
-            self.drop(request_id)
+    def _prefill(self, seq: ThinkerSequence, job: ThinkerJob) -> tuple[int, object | None]:
+        token, rows = self.runner.prefill(seq)
+        return token, ThinkerPrompted(job.prompt, rows, token) if job.report_prefill and not seq.finished else None
+
+    def _decode(self, seq: ThinkerSequence, job: ThinkerJob) -> tuple[int, object | None]:
+        token, row = self.runner.decode(seq)
+        return token, ReplyRow(row) if job.report_prefill else None
 
 
 @dataclass
@@ -55,24 +48,18 @@ class _TalkerState:
     text_end_sent: bool = False
     prefilled: bool = False
 
+    def take(self, message: ReplyRow) -> None:
+        self.rows.append(message.row)
+
 
 class TalkerProgram(_Qwen3TalkerProgram):
     """Qwen3-Omni's request table; the answer arrives as rows, one per step."""
 
-    job_type = TalkerJob
+    job_type, text_type, state_class = TalkerJob, ReplyRow, _TalkerState
 
     def __init__(self, checkpoint: Qwen25OmniCheckpoint):  # not super().__init__: no bridge, this family's runner
         self.runner = TorchTalker(checkpoint)
         self._requests: dict[str, _TalkerState] = {}
-
-    def _open(self, job: TalkerJob) -> _TalkerState:
-        return _TalkerState(job, self.runner.new_sequence(job.sampling))
-
-    def _take_text(self, state: _TalkerState, message: object) -> bool:
-        if not isinstance(message, ReplyRow):
-            return False
-        state.rows.append(message.row)
-        return True
 
     def runnable(self) -> list[str]:
         return [rid for rid, s in self._requests.items() if not s.prefilled or s.rows or s.thinker_finished]
@@ -83,8 +70,8 @@ class TalkerProgram(_Qwen3TalkerProgram):
             return state.rows.popleft()
         if not state.text_end_sent:
             state.text_end_sent = True
-            return self.runner.text_row(self.runner.text_end_id)
-        return self.runner.text_row(self.runner.text_pad_id)
+            return self.runner.text_end_row
+        return self.runner.text_pad_row
 
     def step(self, request_id: str, emit: Emit) -> None:
         state = self._requests[request_id]

@@ -51,12 +51,14 @@ class TorchTalker:
         self.mask_id, self.pad_id = cfg.tts_codec_mask_token_id, cfg.tts_codec_pad_token_id
         self.bos_id, self.end_id = cfg.tts_codec_start_token_id, cfg.tts_codec_end_token_id
         self.stop_ids = (self.pad_id, self.end_id)
-        self.text_end_id, self.text_pad_id = cfg.tts_text_end_token_id, cfg.tts_text_pad_token_id
         # Only speech codes (the ids token2wav's DiT embeds) and the two stops are sampled
         speech = checkpoint.config.token2wav_config.dit_config.num_embeds
         self._suppressed = torch.tensor([i for i in range(speech, cfg.vocab_size) if i not in self.stop_ids],
                                         device=self.device)
         self.thinker_embeddings = checkpoint.thinker.get_input_embeddings()
+        # The reply rows after the answer: a text token's embedding alone (no hidden state)
+        self.text_end_row, self.text_pad_row = (self._thinker_embedding(token_id) for token_id in (
+            cfg.tts_text_end_token_id, cfg.tts_text_pad_token_id))
 
     def new_sequence(self, sampling: SamplingParams) -> TalkerSequence:
         return TalkerSequence(sampling=sampling, cache=DynamicCache(config=self.module.config),
@@ -106,11 +108,6 @@ class TorchTalker:
         return self._forward(seq, embeds, step_positions(past, 1, seq.rope_delta))
 
     @torch.no_grad()
-    def text_row(self, token_id: int) -> torch.Tensor:
-        """A reply row of a text token alone (no hidden state): the text end and the pads that
-        follow the answer."""
-        return self._thinker_embedding(token_id)
-
     def _thinker_embedding(self, token_id: int) -> torch.Tensor:
         weight = self.thinker_embeddings.weight
         return self.thinker_embeddings(torch.tensor([token_id], device=weight.device))[0].to(self.device)

@@ -54,16 +54,25 @@ class ThinkerProgram:
     def request_ids(self) -> list[str]:
         return list(self._requests)
 
+    def _prefill(self, seq: ThinkerSequence, job: ThinkerJob) -> tuple[int, object | None]:
+        """The prompt's step: the first token, and what the talker is told (None: nothing)."""
+        prefill = self.runner.prefill(seq)
+        report = ThinkerPrefilled(job.prompt, prefill) if job.report_prefill and not seq.finished else None
+        return prefill.first_token, report
+
+    def _decode(self, seq: ThinkerSequence, job: ThinkerJob) -> tuple[int, object | None]:
+        """A decode step: the next token, and what the talker is told (None: nothing)."""
+        return self.runner.decode(seq), None
+
     def step(self, request_id: str, emit: Emit) -> None:
         seq, job = self._requests[request_id]
         if request_id not in self._prefilled:
-            prefill = self.runner.prefill(seq)
             self._prefilled.add(request_id)
-            if job.report_prefill and not seq.finished:
-                emit(request_id, ThinkerPrefilled(job.prompt, prefill))
-            token = prefill.first_token
+            token, report = self._prefill(seq, job)
         else:
-            token = self.runner.decode(seq)
+            token, report = self._decode(seq, job)
+        if report is not None:
+            emit(request_id, report)
         emit(request_id, TextToken(token, fed=not seq.finished))
         if seq.finished:
             emit(request_id, StageDone(seq.finish_reason, len(seq.generated)))
@@ -83,35 +92,35 @@ class _TalkerState:
     prefilled: bool = False
     next_codec_sum: torch.Tensor | None = None  # input of the next step, before its text row
 
+    def take(self, message: TrailingText) -> None:
+        self.trailing.extend(message.token_ids)
+
 
 class TalkerProgram:
-    job_type: type = TalkerJob  # the message that opens a request
+    # A family whose talker differs names here the message that opens a request, the one that
+    # carries the thinker's answer, and its per-request state (made from the job and a sequence;
+    # its `take` keeps an answer message)
+    job_type: type = TalkerJob
+    text_type: type = TrailingText
+    state_class: type = _TalkerState
 
     def __init__(self, checkpoint: Qwen3OmniCheckpoint):
         self.runner = TorchTalker(checkpoint)
         self.bridge = ThinkerToTalkerBridge(checkpoint)
         self._requests: dict[str, _TalkerState] = {}
 
-    def _open(self, job: TalkerJob) -> _TalkerState:
-        return _TalkerState(job, self.runner.new_sequence(job.sampling))
-
-    def _take_text(self, state: _TalkerState, message: object) -> bool:
-        """Keep a message carrying the thinker's answer; False if `message` is none."""
-        if not isinstance(message, TrailingText):
-            return False
-        state.trailing.extend(message.token_ids)
-        return True
-
     def accept(self, request_id: str, message: object) -> None:
         if isinstance(message, self.job_type):
-            self._requests[request_id] = self._open(message)
+            self._requests[request_id] = self.state_class(message, self.runner.new_sequence(message.sampling))
             return
         state = self._requests.get(request_id)
         if state is None:  # the request ended or was aborted; its text arrives late
             return
         if isinstance(message, ThinkerFinished):
             state.thinker_finished = True
-        elif not self._take_text(state, message):
+        elif isinstance(message, self.text_type):
+            state.take(message)
+        else:
             raise TypeError(f"talker cannot take {type(message).__name__}")
 
     def drop(self, request_id: str) -> None:
