@@ -23,7 +23,8 @@ DATA = REPO / "tests" / "data"  # see tests/data/README.md
 # ask for the engines by name at run time: `request.getfixturevalue`).
 HEAVY_FIXTURES = frozenset({"tiny_checkpoint", "minicpmo_checkpoint", "tiny_loaded", "vllm_engine",
                             "minicpmo_vllm_engine", "reference_engine", "moshi_checkpoint", "moshi_engine",
-                            "qwen2_5_omni_checkpoint", "qwen2_5_omni_loaded", "turn_model"})
+                            "qwen2_5_omni_checkpoint", "qwen2_5_omni_loaded", "turn_model",
+                            "qwen2_5_omni_vllm_engine"})
 SLOW_MODULES = frozenset({"test_docker_image", "test_ray_cluster", "test_demo_page", "test_cli", "test_client_cli",
                           "test_gpu_check_script", "test_scheduler_gaps", "test_duplex_lane_contract",
                           "test_duplex_wire_fields_contract", "test_s0_client_flow", "test_spec_native",
@@ -110,6 +111,20 @@ def qwen2_5_omni_loaded(qwen2_5_omni_checkpoint: Path):
     from vllm_omni.models.qwen2_5_omni.checkpoint import load_checkpoint
 
     return load_checkpoint(qwen2_5_omni_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def qwen2_5_omni_vllm_engine(qwen2_5_omni_checkpoint: Path):
+    """The tiny Qwen2.5-Omni on configs/qwen2_5_omni_tiny_cpu.yaml (the thinker on a vLLM CPU
+    engine, about a minute to start), shared by the modules that test that deploy; its family
+    keeps each request's codes (tests/qwen2_5_omni_helpers.py)."""
+    from tests.engine_helpers import skip_without_vllm
+    from tests.qwen2_5_omni_helpers import TINY_VLLM_CONFIG, make_engine
+
+    skip_without_vllm()
+    engine = make_engine(qwen2_5_omni_checkpoint, config=TINY_VLLM_CONFIG)
+    yield engine
+    engine.shutdown()
 
 
 TURN_MODELS = {"qwen3_omni": "tiny_loaded", "qwen2_5_omni": "qwen2_5_omni_loaded"}

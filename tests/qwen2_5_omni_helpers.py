@@ -3,6 +3,8 @@ prompt kept for comparison."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from tests.conftest import REPO
@@ -12,6 +14,7 @@ from vllm_omni.models.qwen2_5_omni.family import Qwen25OmniFamily
 from vllm_omni.models.qwen3_omni.messages import CodecFrame
 
 TINY_CONFIG = REPO / "configs" / "qwen2_5_omni_tiny_cpu_torch.yaml"
+TINY_VLLM_CONFIG = REPO / "configs" / "qwen2_5_omni_tiny_cpu.yaml"  # the thinker on vLLM
 
 
 class RecordingFamily(Qwen25OmniFamily):
@@ -33,9 +36,10 @@ class RecordingFamily(Qwen25OmniFamily):
         return np.array(self.codes.get(request_id, []), dtype=np.int64)
 
 
-def make_engine(checkpoint, async_chunk: bool = True, first: int = 12, most: int = 48) -> OmniEngine:
+def make_engine(checkpoint, async_chunk: bool = True, first: int = 12, most: int = 48,
+                config: Path = TINY_CONFIG) -> OmniEngine:
     """The tiny deploy with `async_chunk` and token2wav's first and largest windows (codes)."""
-    deploy = load_deploy_config(TINY_CONFIG)
+    deploy = load_deploy_config(config)
     connectors = [c.model_copy(update={"extra": c.extra.model_copy(update={
         "initial_codec_chunk_frames": first, "codec_chunk_frames": most})}) if c.extra else c
         for c in deploy.connectors]
@@ -43,3 +47,4 @@ def make_engine(checkpoint, async_chunk: bool = True, first: int = 12, most: int
                                                                         "connectors": connectors}))
     family.codes = {}
     return OmniEngine(family)
+

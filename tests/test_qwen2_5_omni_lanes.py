@@ -1,16 +1,16 @@
 """The project's end-to-end scenarios, written for Qwen3-Omni, against the tiny Qwen2.5-Omni
-deploy (configs/qwen2_5_omni_tiny_cpu_torch.yaml) over real sockets: the GA lane (server VAD
-turns, barge-in, cancel, history and close, the official SDK, out-of-band responses), the
-duplex lane in turn-based mode (a dropped socket resumed, the client), /v1/chat/completions
-with spoken and pictured questions, and tools in the prompt. Each scenario is the imported
-test itself, given this module's fixtures. The spec-written suites run on this deploy too
-(the `turn_model` fixture, tests/conftest.py), with every error case of both lanes."""
+deploy with its thinker on vLLM (configs/qwen2_5_omni_tiny_cpu.yaml) over real sockets: the GA
+lane (server VAD turns, barge-in, cancel, history and close, the official SDK, out-of-band
+responses), the duplex lane in turn-based mode (a dropped socket resumed, the client),
+/v1/chat/completions with spoken and pictured questions, tools in the prompt and a forced tool
+call. Each scenario is the imported test itself, given this module's fixtures. The
+spec-written suites run on this model's torch deploy (the `turn_model` fixture,
+tests/conftest.py), with every error case of both lanes."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.qwen2_5_omni_helpers import make_engine
 from tests.realtime_helpers import sampling_defaults, serving
 from tests.test_chat_completions import (  # noqa: F401 (collected here, on this module's fixtures)
     test_a_text_question_gets_a_playable_wav_and_its_transcript,
@@ -30,8 +30,10 @@ from tests.test_realtime_ga_lane import (  # noqa: F401
     test_text_item_history_and_session_close,
 )
 from tests.test_tool_calls import (  # noqa: F401
-    test_forcing_a_call_on_the_torch_backend_is_refused_with_the_reason,
     test_tools_and_results_reach_the_prompt_as_the_template_writes_them,
+)
+from tests.test_vllm_backend import (  # noqa: F401
+    test_a_forced_tool_call_is_json_of_the_tools_schema_and_nothing_is_spoken,
 )
 
 # Answers long enough to speak over (a code is 20 ms), short enough for a 2-core machine.
@@ -39,11 +41,15 @@ ANSWERS = {"thinker": {"max_tokens": 24}, "talker": {"max_tokens": 100, "min_tok
 
 
 @pytest.fixture(scope="module")
-def engine(qwen2_5_omni_checkpoint):
-    built = make_engine(qwen2_5_omni_checkpoint)
-    with sampling_defaults(built, ANSWERS):
-        yield built
-    built.shutdown()
+def engine(qwen2_5_omni_vllm_engine):
+    with sampling_defaults(qwen2_5_omni_vllm_engine, ANSWERS):
+        yield qwen2_5_omni_vllm_engine
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(engine):
+    """The forced-call scenario's engine: this deploy's."""
+    return engine
 
 
 @pytest.fixture(scope="module")

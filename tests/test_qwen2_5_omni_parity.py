@@ -22,7 +22,7 @@ import torch
 from transformers import AutoProcessor, Qwen2_5OmniForConditionalGeneration
 
 from tests.conftest import read_fixture_pcm
-from tests.engine_helpers import run_request
+from tests.engine_helpers import async_chunk_set_to, run_request
 from tests.hf_reference import hf_messages
 from tests.qwen2_5_omni_helpers import make_engine
 from vllm_omni.audio.pcm import float_to_pcm16
@@ -133,3 +133,28 @@ def test_streaming_keeps_the_tokens_and_codes(setting: str, reference, engines) 
     assert np.array_equal(ours["codes"], expected["codes"])
     assert ours["pcm"].shape == expected["pcm"].shape
     assert len(ours["chunks"]) > 1  # streamed in pieces
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_whole_answer_with_the_thinker_on_vllm_equals_transformers_generate(case: str, reference,
+                                                                           qwen2_5_omni_vllm_engine) -> None:
+    """configs/qwen2_5_omni_tiny_cpu.yaml: the thinker's rows come from vLLM's worker (the
+    prompt's, then each fed answer token's), and the whole answer is transformers' exactly."""
+    expected = reference(case)
+    with async_chunk_set_to(qwen2_5_omni_vllm_engine, False):
+        ours = asyncio.run(run_request(qwen2_5_omni_vllm_engine, engine_request(case)))
+    assert ours["final"].error is None, ours["final"]
+    assert list(ours["final"].token_ids) == expected["tokens"]
+    assert np.array_equal(ours["codes"], expected["codes"])
+    assert ours["pcm"].shape == expected["pcm"].shape
+    assert np.abs(ours["pcm"] - expected["pcm"]).max() <= 1
+
+
+def test_streamed_with_the_thinker_on_vllm_keeps_the_tokens_and_codes(reference, qwen2_5_omni_vllm_engine) -> None:
+    expected = reference("audio")
+    with async_chunk_set_to(qwen2_5_omni_vllm_engine, True):
+        ours = asyncio.run(run_request(qwen2_5_omni_vllm_engine, engine_request("audio")))
+    assert ours["final"].error is None, ours["final"]
+    assert list(ours["final"].token_ids) == expected["tokens"]
+    assert np.array_equal(ours["codes"], expected["codes"])
+    assert len(ours["chunks"]) > 1

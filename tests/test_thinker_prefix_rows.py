@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import torch
 
-from vllm_omni.models.qwen3_omni.vllm_backend.capture import PromptCapture
+from vllm_omni.models.qwen3_omni.vllm_backend.capture import RowCapture
 from vllm_omni.models.qwen3_omni.vllm_backend.row_channel import REPORT_ROWS_KEY
 from vllm_omni.models.qwen3_omni.vllm_backend.row_store import MmItem, PromptKey, PromptRowStore
 from vllm_omni.models.qwen3_omni.vllm_backend.thinker import rows_the_talker_reads
@@ -30,10 +30,10 @@ def rows_of(key: PromptKey) -> torch.Tensor:
 
 def captured(key: PromptKey, store: PromptRowStore, cached: int, chunk: int = 3) -> torch.Tensor:
     """A request's rows as the worker builds them: [0, cached) skipped by the forward."""
-    capture, full = PromptCapture(key), rows_of(key)
+    capture, full = RowCapture(key), rows_of(key)
     for start in range(cached, len(key), chunk):
-        capture.add(start, [full[start:start + chunk, 0], full[start:start + chunk, 1]], store)
-    capture.add(len(key), [full[-1:, 0], full[-1:, 1]], store)  # a decode step: nothing to keep
+        capture.add(start, full[start:start + chunk], store)
+    capture.add(len(key), full[-1:], store)  # a decode step: nothing to keep
     assert capture.filled == len(key) and capture.filed
     return capture.rows
 
@@ -174,15 +174,22 @@ def test_rows_cross_the_channel_for_open_requests_only() -> None:
         receiver = RowReceiver(new_row_address())
         receiver.start()
         try:
-            rows = receiver.open("a")
+            mailbox = receiver.open("a")
             sender = RowSender(receiver.address)
             sent = torch.randn(5, 2, H)
             sent[1] = float("nan")  # rows neither the forward nor the store had travel as they are
             sender.send("gone", torch.ones(1, 2, H))  # not open: dropped
+            sender.send("a", torch.full((1, 2, H), 7.0), position=6)  # an answer row, ahead of the prompt's
             sender.send("a", sent)
-            got = await asyncio.wait_for(rows, 5)
+            got = await mailbox.take(0, 5)
             assert torch.equal(got[~got.isnan()], sent[~sent.isnan()]) and got.isnan().sum() == 2 * H
-            assert not receiver.open("gone").done()
+            assert torch.equal(await mailbox.take(6, 5), torch.full((1, 2, H), 7.0))
+            gone = receiver.open("gone")
+            try:
+                await gone.take(0, 0.05)
+                raise AssertionError("rows of a request that was not open were kept")
+            except asyncio.TimeoutError:
+                pass
             receiver.close_request("gone")
             receiver.close_request("a")
         finally:
@@ -193,19 +200,47 @@ def test_rows_cross_the_channel_for_open_requests_only() -> None:
 
 
 def test_a_complete_capture_is_taken_once_and_only_if_its_request_asked() -> None:
-    from vllm_omni.models.qwen3_omni.vllm_backend.capture import _CaptureRunnerMixin
+    from vllm_omni.models.qwen3_omni.vllm_backend.capture import CaptureRunnerMixin
 
     store = PromptRowStore(capacity=100)
-    runner = _CaptureRunnerMixin()
+    runner = CaptureRunnerMixin()
     keys = {name: PromptKey.of([n, n + 1, n + 2], []) for n, name in ((1, "asked-abcdefgh"), (5, "quiet-abcdefgh"),
                                                                         (9, "partial-abcdefgh"))}
-    runner._omni_captures = {name: PromptCapture(key, report=not name.startswith("quiet"))
-                             for name, key in keys.items()}
+    runner._omni_captures = {name: RowCapture(key, report=not name.startswith("quiet")) for name, key in keys.items()}
     for name, key in keys.items():
-        rows = rows_of(key)
         end = 2 if name.startswith("partial") else 3
-        runner._omni_captures[name].add(0, [rows[:end, 0], rows[:end, 1]], store)
-    taken = runner.omni_take_complete()
-    assert list(taken) == ["asked"] and torch.equal(taken["asked"], rows_of(keys["asked-abcdefgh"]))
+        runner._omni_captures[name].add(0, rows_of(key)[:end], store)
+    taken = runner.omni_take_outgoing()
+    assert [(request_id, position) for request_id, position, _ in taken] == [("asked", 0)]
+    assert torch.equal(taken[0][2], rows_of(keys["asked-abcdefgh"]))
     assert list(runner._omni_captures) == ["partial-abcdefgh"]  # still in its prefill
-    assert runner.omni_take_complete() == {}
+    assert runner.omni_take_outgoing() == []
+
+
+def test_an_answer_is_followed_row_by_row_and_kept_for_the_next_turn() -> None:
+    """Qwen2.5-Omni's capture (`follows`): each fed answer token's row goes out once, in order,
+    also when a preempted request recomputes positions; when the request is forgotten, its
+    prompt and fed answer are kept, so the next turn's cached positions have their rows."""
+    from vllm_omni.models.qwen3_omni.vllm_backend.capture import CaptureRunnerMixin
+
+    store = PromptRowStore(capacity=100)
+    runner = CaptureRunnerMixin()
+    runner._omni_store = store
+    prompt = PromptKey.of([1, 2, 3, 4], [])
+    answer = [5, 6, 7]  # fed tokens (the last generated token, never fed, has no row)
+    conversation = PromptKey.of([1, 2, 3, 4, *answer, 8, 9], [])
+    full = rows_of(conversation)
+    capture = RowCapture(prompt, report=True, follows=True)
+    runner._omni_captures = {"turn1-abcdefgh": capture}
+    ids = torch.tensor(conversation.token_ids)
+    capture.add(0, full[:4], store, ids[:4])  # the prefill
+    capture.add(4, full[4:5], store, ids[4:5])  # answer token 0 fed
+    sent = runner.omni_take_outgoing()
+    assert [(position, len(rows)) for _, position, rows in sent] == [(0, 4), (4, 1)]
+    capture.add(0, full[:6], store, ids[:6])  # preempted and recomputed up to answer token 1
+    capture.add(6, full[6:7], store, ids[6:7])
+    assert [(position, len(rows)) for _, position, rows in runner.omni_take_outgoing()] == [(5, 1), (6, 1)]
+    runner.omni_forget("turn1")
+    assert runner.omni_held_requests() == 0
+    shared, kept = store.lookup(conversation, 8)
+    assert shared == 7 and torch.equal(kept, full[:7])  # the next turn finds prompt and answer rows

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 QWEN3_OMNI_TALKER = "Qwen3OmniTalkerForVllm"
 QWEN3_OMNI_THINKER = "Qwen3OmniThinkerForVllm"
+QWEN2_5_OMNI_THINKER = "Qwen25OmniThinkerForVllm"
 MINICPMO_DUPLEX_THINKER = "MiniCPMODuplexThinkerForVllm"
 
 OUT_OF_TREE_MODELS = {
     QWEN3_OMNI_TALKER: f"vllm_omni.models.qwen3_omni.vllm_backend.talker_model:{QWEN3_OMNI_TALKER}",
     QWEN3_OMNI_THINKER: f"vllm_omni.models.qwen3_omni.vllm_backend.thinker_model:{QWEN3_OMNI_THINKER}",
+    QWEN2_5_OMNI_THINKER: f"vllm_omni.models.qwen2_5_omni.vllm_backend.thinker_model:{QWEN2_5_OMNI_THINKER}",
     MINICPMO_DUPLEX_THINKER: f"vllm_omni.models.minicpmo.vllm_model:{MINICPMO_DUPLEX_THINKER}",
 }
 

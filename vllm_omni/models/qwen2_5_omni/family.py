@@ -83,13 +83,18 @@ class Qwen25OmniFamily(Qwen3OmniFamily):
     @classmethod
     def load(cls, model: str | Path, deploy: DeployConfig, **_: Any) -> Qwen25OmniFamily:
         for stage in deploy.stages:
-            if stage.backend != "torch":
-                raise ValueError(f"stage {stage.stage_id} ({stage.role}): {cls.name} runs on the torch backend "
+            if stage.backend != "torch" and stage.role != "thinker":
+                raise ValueError(f"stage {stage.stage_id} ({stage.role}): {cls.name} serves its thinker on vLLM "
+                                 "(backend: vllm or torch); its talker and token2wav run on the torch backend "
                                  "(backend: torch)")
         dtype = deploy.stage_by_role("thinker").engine_args.dtype or "float32"
         return cls(load_checkpoint(model, dtype=dtype), deploy)
 
     def make_program(self, stage: StageConfig) -> StageProgram | AsyncStageDriver:
+        if stage.backend == "vllm":  # the thinker (load): vLLM is imported only then
+            from vllm_omni.models.qwen2_5_omni.vllm_backend.thinker import Qwen25VllmThinkerDriver
+
+            return Qwen25VllmThinkerDriver(self.checkpoint, stage)
         module = self.checkpoint.token2wav if stage.role == "code2wav" else getattr(self.checkpoint, stage.role)
         module.to(stage_torch_device(stage))
         if stage.role == "thinker":

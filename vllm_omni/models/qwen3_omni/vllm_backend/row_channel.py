@@ -9,9 +9,11 @@ the step that completes its prompt (capture.py), ahead of that step's output, as
 frame_channel.py does for the talker's frames.
 
 Only requests that ask for their rows (`REPORT_ROWS_KEY` in their sampling params'
-`extra_args`) are pushed. The driver binds a PULL socket at an `ipc://` address it passes to
-the engine in vLLM's `additional_config`; the worker of tensor-parallel rank 0 connects a
-PUSH socket to it. A message is [request id, tensor_wire.py's header as JSON, the bytes].
+`extra_args`) are pushed; a family whose talker reads the answer too gets each fed answer
+token's rows at the end of its step, each message naming the position it starts at. The
+driver binds a PULL socket at an `ipc://` address it passes to the engine in vLLM's
+`additional_config`; the worker of tensor-parallel rank 0 connects a PUSH socket to it. A
+message is [request id, tensor_wire.py's header and the first position as JSON, the bytes].
 """
 
 from __future__ import annotations
@@ -47,41 +49,71 @@ class RowSender:
     def __init__(self, address: str):
         self._socket = push_socket(address)
 
-    def send(self, request_id: str, rows: torch.Tensor) -> None:
+    def send(self, request_id: str, rows: torch.Tensor, position: int = 0) -> None:
+        """Rows [n, layers, H] of the request's positions [position, position + n)."""
         header = tensor_to_wire(rows)
         data = header.pop("data")
-        self._socket.send_multipart([request_id.encode(), json.dumps(header).encode(), data], copy=False)
+        self._socket.send_multipart([request_id.encode(), json.dumps({**header, "position": position}).encode(), data],
+                                    copy=False)
+
+
+class RowMailbox:
+    """One request's rows as they arrive, by the position they start at."""
+
+    def __init__(self) -> None:
+        self._rows: dict[int, asyncio.Future] = {}
+
+    def _slot(self, position: int) -> asyncio.Future:
+        return self._rows.setdefault(position, asyncio.get_running_loop().create_future())
+
+    def put(self, position: int, rows: torch.Tensor) -> None:
+        slot = self._slot(position)
+        if not slot.done():
+            slot.set_result(rows)
+
+    async def take(self, position: int, timeout_s: float) -> torch.Tensor:
+        """The rows starting at `position`, waiting for them at most `timeout_s` (TimeoutError)."""
+        rows = await asyncio.wait_for(asyncio.shield(self._slot(position)), timeout_s)
+        del self._rows[position]
+        return rows
+
+    def close(self) -> None:
+        for slot in self._rows.values():
+            slot.cancel()
+        self._rows.clear()
 
 
 class RowReceiver(PullChannel):
-    """The driver's end: one reader task hands incoming rows to the requests waiting for
-    them (rows of a request not open are dropped)."""
+    """The driver's end: one reader task files incoming rows in the mailboxes of the requests
+    expecting them (rows of a request not open are dropped)."""
 
     def __init__(self, address: str):
         super().__init__(address)
-        self._waiting: dict[str, asyncio.Future] = {}
+        self._mailboxes: dict[str, RowMailbox] = {}
 
-    def open(self, request_id: str) -> asyncio.Future:
-        """The future of the request's rows [P, 2, H] (open it before the request reaches the engine)."""
-        return self._waiting.setdefault(request_id, asyncio.get_running_loop().create_future())
+    def open(self, request_id: str) -> RowMailbox:
+        """The request's mailbox (open it before the request reaches the engine)."""
+        return self._mailboxes.setdefault(request_id, RowMailbox())
 
     def close_request(self, request_id: str) -> None:
-        future = self._waiting.pop(request_id, None)
-        if future is not None:
-            future.cancel()
+        mailbox = self._mailboxes.pop(request_id, None)
+        if mailbox is not None:
+            mailbox.close()
 
-    def deliver(self, request_id: str, rows: torch.Tensor) -> None:
-        future = self._waiting.get(request_id)
-        if future is not None and not future.done():
-            future.set_result(rows)
+    def deliver(self, request_id: str, rows: torch.Tensor, position: int = 0) -> None:
+        mailbox = self._mailboxes.get(request_id)
+        if mailbox is not None:
+            mailbox.put(position, rows)
 
     async def _read(self) -> None:
         while True:
             parts = await self._socket.recv_multipart()
             try:
                 request_id, header, data = parts
-                rows = tensor_from_wire({**json.loads(header), "data": data})
+                fields = json.loads(header)
+                position = int(fields.pop("position", 0))
+                rows = tensor_from_wire({**fields, "data": data})
             except (ValueError, TypeError) as bad:  # never from our worker; one bad message must not stop the rest
                 logger.warning("thinker row channel: unreadable message (%s)", bad)
                 continue
-            self.deliver(request_id.decode(), rows)
+            self.deliver(request_id.decode(), rows, position)

@@ -53,6 +53,10 @@ class PromptKey:
     def __len__(self) -> int:
         return len(self.token_ids)
 
+    def extended(self, token_ids: Sequence[int]) -> PromptKey:
+        """This prompt followed by `token_ids` (an answer: no multimodal items)."""
+        return PromptKey(np.concatenate([self.token_ids, np.asarray(token_ids, dtype=np.int64)]), self.mm_items)
+
     def shared_prefix(self, other: PromptKey, limit: int) -> int:
         """How many leading positions (at most `limit`) have equal rows in both prompts: equal
         ids, and no multimodal item that differs starting before."""

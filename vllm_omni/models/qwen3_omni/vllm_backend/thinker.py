@@ -26,14 +26,13 @@ import asyncio
 import logging
 import uuid
 from contextlib import aclosing
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from vllm_omni.config import StageConfig
 from vllm_omni.engine.backends.vllm.engine_driver import VllmEngineDriver, cpu_platform, engine_kwargs, vllm_sampling
 from vllm_omni.engine.stage_api import Emit, StageDone, TextToken
-from vllm_omni.models.qwen3_omni.checkpoint import Qwen3OmniCheckpoint
 from vllm_omni.models.qwen3_omni.messages import ThinkerJob, ThinkerPrefill, ThinkerPrefilled
 from vllm_omni.models.qwen3_omni.talker_bridge import user_positions
 from vllm_omni.models.qwen3_omni.vllm_backend.row_channel import (
@@ -77,15 +76,30 @@ def rows_the_talker_reads(input_ids: list[int], im_start_id: int, user_id: int, 
     return read
 
 
+class ThinkerCheckpoint(Protocol):
+    """What the driver reads of a family's checkpoint."""
+
+    path: str
+    config: Any
+    talker: Any  # a torch module: the rows go to it in its dtype
+
+
 class VllmThinkerDriver(VllmEngineDriver):
-    def __init__(self, checkpoint: Qwen3OmniCheckpoint, stage: StageConfig):
+    architecture = QWEN3_OMNI_THINKER  # the model class vLLM serves (`hf_overrides`)
+
+    def __init__(self, checkpoint: ThinkerCheckpoint, stage: StageConfig):
         super().__init__(checkpoint.path, stage)
         self.checkpoint = checkpoint
-        config = checkpoint.config
-        self.eos_token_id = config.im_end_token_id
-        self.placeholder_ids = (config.thinker_config.audio_token_id, config.thinker_config.image_token_id)
-        self.segment_ids = (config.im_start_token_id, config.user_token_id, config.assistant_token_id)
+        self.eos_token_id, self.placeholder_ids = self.special_ids()
         self.row_receiver = RowReceiver(new_row_address())
+
+    def special_ids(self) -> tuple[int, tuple[int, ...]]:
+        """The answer's end, and the placeholder ids vLLM's processor expands (audio, image)."""
+        config = self.checkpoint.config
+        return config.im_end_token_id, (config.thinker_config.audio_token_id, config.thinker_config.image_token_id)
+
+    def worker_cls(self) -> str:
+        return worker_path("Capture", cpu=cpu_platform())
 
     def engine_kwargs(self) -> dict[str, Any]:
         # Audio and images: the stage's limits (vLLM's default when unset), which the
@@ -94,11 +108,11 @@ class VllmThinkerDriver(VllmEngineDriver):
         # Forced tool calls are compact JSON (xgrammar, no free whitespace between tokens, so a
         # call always ends).
         return engine_kwargs(self.stage, self.checkpoint_path, prefix_caching=True, enable_mm_embeds=True,
-                             hf_overrides={"architectures": [QWEN3_OMNI_THINKER]},
+                             hf_overrides={"architectures": [self.architecture]},
                              limit_mm_per_prompt={"video": 0},
                              structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
                              additional_config={ROW_ADDRESS_KEY: self.row_receiver.address},
-                             worker_cls=worker_path("Capture", cpu=cpu_platform()))
+                             worker_cls=self.worker_cls())
 
     async def start(self) -> None:
         self.row_receiver.start()
@@ -135,18 +149,26 @@ class VllmThinkerDriver(VllmEngineDriver):
             prompt["cache_salt"] = cache_salt
         return prompt
 
-    async def _take_rows(self, request_id: str) -> torch.Tensor:
-        """The rows the worker pushed for the request (opened before it reached the engine)."""
+    async def _take_rows(self, request_id: str, position: int = 0) -> torch.Tensor:
+        """The rows the worker pushed for the request from `position` on (its mailbox was opened
+        before the request reached the engine)."""
         try:
-            rows = await asyncio.wait_for(asyncio.shield(self.row_receiver.open(request_id)), ROWS_WAIT_S)
+            rows = await self.row_receiver.open(request_id).take(position, ROWS_WAIT_S)
         except asyncio.TimeoutError:
-            raise RuntimeError(f"no thinker rows were captured for request {request_id}") from None
+            raise RuntimeError(f"no thinker rows were captured for request {request_id} "
+                               f"(position {position})") from None
         return rows.to(self.checkpoint.talker.dtype)
+
+    def rows_read(self, input_ids: list[int]) -> torch.Tensor:
+        """The prompt positions [P] (bool) whose rows the talker reads."""
+        config = self.checkpoint.config
+        return rows_the_talker_reads(input_ids, config.im_start_token_id, config.user_token_id,
+                                     config.assistant_token_id)
 
     def _checked_rows(self, request_id: str, captured: torch.Tensor, input_ids: list[int]) -> torch.Tensor:
         if captured.shape[0] != len(input_ids):
             raise RuntimeError(f"captured {captured.shape[0]} thinker rows for a {len(input_ids)}-token prompt")
-        if captured[rows_the_talker_reads(input_ids, *self.segment_ids)].isnan().any():
+        if captured[self.rows_read(input_ids)].isnan().any():
             raise RowsNotKept(f"thinker request {request_id}: rows of its cached prefix were not kept")
         return captured
 
@@ -165,14 +187,24 @@ class VllmThinkerDriver(VllmEngineDriver):
             self.row_receiver.close_request(rows_id)
             await self.forget_in_engine(rows_id)
 
-    async def _prompt_rows(self, request_id: str, first_token: int, job: ThinkerJob) -> ThinkerPrefill:
+    async def _prompt_rows(self, request_id: str, job: ThinkerJob) -> torch.Tensor:
+        """The prompt's rows [P, layers, H], from the request's capture or, where a row the
+        talker reads was not kept, from an uncached prefill."""
         input_ids = job.prompt.input_ids
         try:
-            captured = self._checked_rows(request_id, await self._take_rows(request_id), input_ids)
+            return self._checked_rows(request_id, await self._take_rows(request_id), input_ids)
         except RowsNotKept as missing:
             logger.info("%s; prefilling it again beside it without the prefix cache", missing)
-            captured = await self._uncached_rows(request_id, job)
-        return ThinkerPrefill(first_token=first_token, embeddings=captured[:, 0], accept_hidden=captured[:, 1])
+            return await self._uncached_rows(request_id, job)
+
+    def prefill_report(self, job: ThinkerJob, first_token: int, rows: torch.Tensor) -> object:
+        """What the talker gets once the prompt is prefilled."""
+        return ThinkerPrefilled(job.prompt, ThinkerPrefill(first_token=first_token, embeddings=rows[:, 0],
+                                                           accept_hidden=rows[:, 1]))
+
+    async def rows_before(self, request_id: str, job: ThinkerJob, index: int) -> list[object]:
+        """What the talker gets ahead of answer token `index` (a family reading the answer's rows)."""
+        return []
 
     async def run(self, request_id: str, message: object, emit: Emit) -> None:
         if not isinstance(message, ThinkerJob):
@@ -200,11 +232,14 @@ class VllmThinkerDriver(VllmEngineDriver):
         tokens = list(output.outputs[0].token_ids)
         for i, token in enumerate(tokens):
             last = output.finished and i == len(tokens) - 1
-            first = not generated
+            index = len(generated)
             generated.append(token)
+            if job.report_prefill:
+                for event in await self.rows_before(request_id, job, index):
+                    emit(event)
             emit(TextToken(token, fed=not last))
-            if first and job.report_prefill and not last:
-                emit(ThinkerPrefilled(job.prompt, await self._prompt_rows(request_id, token, job)))
+            if index == 0 and job.report_prefill and not last:
+                emit(self.prefill_report(job, token, await self._prompt_rows(request_id, job)))
         if output.finished:
             emit(StageDone("length" if output.outputs[0].finish_reason == "length" else "stop", len(generated),
                            cached_prompt_tokens=output.num_cached_tokens or 0))
