@@ -1,4 +1,5 @@
-"""Ask a Qwen3-Omni checkpoint something (text or a WAV) and write its spoken answer to a WAV.
+"""Ask a turn-based omni checkpoint (Qwen3-Omni, Qwen2.5-Omni) something (text or a WAV) and write
+its spoken answer to a WAV.
 
     .venv/bin/python examples/offline_speech.py --model .models/qwen3_omni_tiny \\
         --deploy-config configs/qwen3_omni_tiny_cpu.yaml --wav question.wav --out answer.wav

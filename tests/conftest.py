@@ -28,7 +28,7 @@ HEAVY_FIXTURES = frozenset({"tiny_checkpoint", "minicpmo_checkpoint", "tiny_load
 SLOW_MODULES = frozenset({"test_docker_image", "test_ray_cluster", "test_demo_page", "test_cli", "test_client_cli",
                           "test_gpu_check_script", "test_scheduler_gaps", "test_duplex_lane_contract",
                           "test_duplex_wire_fields_contract", "test_s0_client_flow", "test_spec_native",
-                          "test_moshi_realtime_load"})
+                          "test_moshi_realtime_load", "test_offline_api"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
