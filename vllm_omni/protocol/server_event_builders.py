@@ -267,6 +267,16 @@ def function_call_arguments_done(*, response_id: str, item_id: str, output_index
 
 # Output audio and playback -----------------------------------------------------------------
 
+def output_audio_buffer_started(*, response_id: str) -> Wire:
+    """WebRTC: the speaker track began playing the response's audio."""
+    return event(kinds.OUTPUT_AUDIO_BUFFER_STARTED, response_id=response_id)
+
+
+def output_audio_buffer_stopped(*, response_id: str) -> Wire:
+    """WebRTC: the speaker track played the response's last audio."""
+    return event(kinds.OUTPUT_AUDIO_BUFFER_STOPPED, response_id=response_id)
+
+
 def output_audio_buffer_cleared(*, response_id: str | None) -> Wire:
     """`response_id`: None when there was no response to clear."""
     return event(kinds.OUTPUT_AUDIO_BUFFER_CLEARED, response_id=response_id)

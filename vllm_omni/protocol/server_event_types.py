@@ -53,5 +53,7 @@ FUNCTION_CALL_ARGUMENTS_DELTA = "response.function_call_arguments.delta"
 FUNCTION_CALL_ARGUMENTS_DONE = "response.function_call_arguments.done"
 
 # Output audio and playback
+OUTPUT_AUDIO_BUFFER_STARTED = "output_audio_buffer.started"  # WebRTC: the call's speaker track
+OUTPUT_AUDIO_BUFFER_STOPPED = "output_audio_buffer.stopped"  # WebRTC
 OUTPUT_AUDIO_BUFFER_CLEARED = "output_audio_buffer.cleared"
 PLAYBACK_ACKNOWLEDGED = "playback.acknowledged"

@@ -1,5 +1,5 @@
-"""The FastAPI application: /v1/realtime, /v1/duplex, /v1/chat/completions, /v1/models, /health, /metrics,
-and the voice demo page at /."""
+"""The FastAPI application: /v1/realtime, /v1/realtime/calls (WebRTC), /v1/duplex, /v1/chat/completions,
+/v1/models, /health, /metrics, and the voice demo page at /."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from vllm_omni.server.frontend_identity import FrontendHeader, FrontendIdentity
 from vllm_omni.server.realtime import RealtimeConnection
 from vllm_omni.server.settings import ServerSettings
 from vllm_omni.server.slots import SessionSlots
+from vllm_omni.server.webrtc_call import webrtc_router
 from vllm_omni.session.factory import SessionFactory
 
 
@@ -62,6 +63,7 @@ def create_app(engine: ServedEngine, settings: ServerSettings, frontend: Fronten
     if frontend is not None:
         app.add_middleware(FrontendHeader, index=frontend.index)
     app.include_router(chat_completions_router(engine, settings, slots))
+    app.include_router(webrtc_router(factory, settings, slots))
     add_demo_page(app)
 
     @app.get("/health")

@@ -24,6 +24,7 @@ class ServerSettings:
     end_of_turn_model_path: str | None = None
     default_speaker: str | None = None  # None: the engine's `default_speaker`
     send_timeout_s: float = 30.0  # a client that takes no event for this long is dropped
+    webrtc_connect_timeout_s: float = 20.0  # a WebRTC call not connected this long after its answer ends
     max_history_audio_s: float = DEFAULT_MAX_HISTORY_AUDIO_S  # user speech a conversation keeps
     protect_metrics: bool = False  # /metrics needs the API key too
     disconnect_grace_s: float = 30.0  # a detached duplex session waits this long for a resume

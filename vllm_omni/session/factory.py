@@ -79,6 +79,17 @@ class SessionFactory:
         """A turn-mode session: GA lane, or legacy if the client's first events ask for it;
         session.created goes out at once. Without `extensions` the GA lane speaks pure GA
         (docs/realtime-api.md §1.3); the legacy lane always speaks its own vocabulary."""
+        ga = self._open_ga(model, emit, extensions)
+        return TurnLanes(ga, lambda: LegacySession(self.engine, ga.config, self.options, emit))
+
+    def open_ga(self, model: str, emit: Emit) -> Session:
+        """A pure-GA session (a WebRTC call: OpenAI's GA interface, no legacy dialect, no
+        extensions); raises SessionRefused where this deploy serves no turn sessions."""
+        if self.options.session_mode is not SessionMode.TURN:
+            raise SessionRefused("this deploy serves the duplex lane; WebRTC calls need a turn-mode deploy")
+        return self._open_ga(model, emit, extensions=False)
+
+    def _open_ga(self, model: str, emit: Emit, extensions: bool) -> Session:
         # As in GA, a GA session starts with server VAD (the deploy's defaults; turn_detection:
         # null turns it off); a session that asked for our extensions starts with manual turns.
         vad = None if extensions else TurnDetection(**self.options.turn_detection_defaults)
@@ -86,7 +97,7 @@ class SessionFactory:
         ga_emit = emit if extensions else ga_only(emit)
         ga = ga_session(self.engine, config, self.options, ga_emit)
         ga_emit(session_created(ga.session_object(), legacy_id=new_id("sess-")))
-        return TurnLanes(ga, lambda: LegacySession(self.engine, config, self.options, emit))
+        return ga
 
 
 def ga_session(engine: EngineClient, config: SessionConfig, options: SessionOptions, emit: Emit) -> Session:
