@@ -36,6 +36,7 @@ from fastapi.responses import JSONResponse, Response
 from vllm_omni.audio.formats import OutputEncoder, bytes_to_float
 from vllm_omni.audio.pcm import StreamingResampler, float_to_pcm16, float_to_pcm16_bytes
 from vllm_omni.protocol import server_event_types as kinds
+from vllm_omni.protocol.chat_completions import error_body
 from vllm_omni.protocol.errors import ProtocolError
 from vllm_omni.protocol.server_event_builders import (
     output_audio_buffer_cleared,
@@ -304,8 +305,7 @@ async def read_offer(request: Request) -> tuple[str, dict[str, Any] | None]:
 
 
 def _error(problem: ProtocolError, status: int) -> JSONResponse:
-    return JSONResponse({"error": {"message": problem.message, "type": "invalid_request_error",
-                                   "param": problem.param, "code": problem.code}}, status_code=status)
+    return JSONResponse(error_body(problem), status_code=status)
 
 
 def webrtc_router(factory: SessionFactory, settings: ServerSettings, slots: SessionSlots) -> APIRouter:
