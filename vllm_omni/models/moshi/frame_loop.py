@@ -28,6 +28,7 @@ from vllm_omni.models.moshi.mimi_stream import (
     embed_frames,
     quantize,
 )
+from vllm_omni.models.moshi.mimi_transformer import BatchedMimiTransformer
 from vllm_omni.models.moshi.temporal import BatchedTemporal
 from vllm_omni.models.moshi.text import PAD_ID
 
@@ -87,16 +88,21 @@ class FrameLoop:
         self.sample_rate = config.sampling_rate
         self.temporal = BatchedTemporal(model.decoder, slots)
         self.depth = BatchedDepth(model.depth_decoder, self.num_codebooks)
+        # a session's Mimi streams use its temporal slot; slot `slots` is the silence codes' own
+        mimi = model.audio_encoder
+        self.mimi_encoder = BatchedMimiTransformer(mimi.encoder_transformer, slots + 1)
+        self.mimi_decoder = BatchedMimiTransformer(mimi.decoder_transformer, slots + 1)
         self.device, self.dtype = model.decoder.lm_head.weight.device, model.decoder.lm_head.weight.dtype
         silence = torch.zeros(1, self.frame_samples, device=self.device, dtype=self.dtype)
-        self.silence_codes = self._codes([MimiEncoderStream(model.audio_encoder)], silence)[0]
+        self.silence_codes = self._codes([MimiEncoderStream(mimi, self.mimi_encoder, slots)], silence)[0]
 
     @torch.inference_mode()
     def open(self, seed: int) -> StreamState:
         """A session's streams, its start column run (the model's first prediction)."""
-        state = StreamState(self.temporal.pool.claim(), torch.Generator(device=self.device).manual_seed(seed),
-                            MimiEncoderStream(self.model.audio_encoder),
-                            MimiDecoderStream(self.model.audio_encoder))
+        slot = self.temporal.pool.claim()
+        state = StreamState(slot, torch.Generator(device=self.device).manual_seed(seed),
+                            MimiEncoderStream(self.model.audio_encoder, self.mimi_encoder, slot),
+                            MimiDecoderStream(self.model.audio_encoder, self.mimi_decoder, slot))
         bos = torch.full((self.num_codebooks,), self.audio_bos, device=self.device)
         state.text, state.codes = self.text_bos, bos
         self._advance([state], [bos])

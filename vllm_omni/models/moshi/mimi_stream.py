@@ -4,10 +4,10 @@ decoder for the model's (docs/moshi.md, "Mimi streaming").
 transformers' Mimi runs whole sequences (its encoder also streams, one session at a time), so
 each layer here keeps its own streaming state: a causal convolution its last `kernel - stride`
 inputs, a transposed convolution the tail of its output that overlaps the next frame's, a
-transformer its KV cache. The frames of several sessions then run as one batch through the
-convolutions (each row with its own state); the transformers run per session. Streamed, the
-encoder gives exactly the codes of encoding the whole signal, and the decoder the samples of
-decoding the whole sequence, up to float summation order.
+transformer its KV cache (a slot of mimi_transformer.py's pool). The frames of several sessions
+then run as one batch through the convolutions (each row with its own state) and the
+transformers. Streamed, the encoder gives exactly the codes of encoding the whole signal, and
+the decoder the samples of decoding the whole sequence, up to float summation order.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-from transformers.cache_utils import DynamicCache
 from transformers.models.mimi.modeling_mimi import (
     MimiConv1d,
     MimiConvTranspose1d,
     MimiModel,
     MimiResnetBlock,
 )
+
+from vllm_omni.models.moshi.mimi_transformer import BatchedMimiTransformer
 
 
 class _Layer:
@@ -124,27 +125,39 @@ def quantize(mimi: MimiModel, embeddings: torch.Tensor, num_codebooks: int) -> t
     return mimi.quantizer.encode(embeddings, num_codebooks)[:, :, 0].T
 
 
-class MimiEncoderStream:
-    """One session's encoder state: `embed_frames` turns the next frame of several sessions into
-    latents as one batch, `quantize` makes codes of them."""
+class _TransformerState:
+    """A stream's place in a batched Mimi transformer: its slot and its next position."""
 
-    def __init__(self, mimi: MimiModel):
+    def __init__(self, transformer: BatchedMimiTransformer, slot: int):
+        self.transformer, self.slot, self.position = transformer, slot, 0
+        transformer.reset(slot)
+
+    @classmethod
+    def run(cls, states: Sequence[_TransformerState], x: torch.Tensor) -> torch.Tensor:
+        """`x` [B, hidden, T] → the transformer's output, same shape."""
+        out = states[0].transformer.step(x.transpose(1, 2), [s.slot for s in states], [s.position for s in states])
+        for state in states:
+            state.position += x.shape[-1]
+        return out.transpose(1, 2)
+
+
+class MimiEncoderStream:
+    """One session's encoder state (its transformer in `slot` of `transformer`): `embed_frames`
+    turns the next frame of several sessions into latents as one batch, `quantize` makes codes
+    of them."""
+
+    def __init__(self, mimi: MimiModel, transformer: BatchedMimiTransformer, slot: int):
         self.mimi = mimi
         self._encoder = _streaming_layers(mimi.encoder.layers)
-        self._past = DynamicCache(config=mimi.config)
+        self._transformer = _TransformerState(transformer, slot)
         self._downsample = _ConvState(mimi.downsample)
 
 
 @torch.inference_mode()
 def embed_frames(streams: Sequence[MimiEncoderStream], frames: torch.Tensor) -> torch.Tensor:
-    """Each stream's next frame, `frames` [B, frame_samples] → latents [B, hidden, 1]: the
-    convolutions batched, the transformer per stream (its KV cache)."""
-    mimi = streams[0].mimi
+    """Each stream's next frame, `frames` [B, frame_samples] → latents [B, hidden, 1], as one batch."""
     hidden = _run_stack([s._encoder for s in streams], frames.unsqueeze(1))
-    hidden = torch.cat([
-        mimi.encoder_transformer(hidden[row:row + 1].transpose(1, 2), past_key_values=stream._past, use_cache=True,
-                                 return_dict=True).last_hidden_state.transpose(1, 2)
-        for row, stream in enumerate(streams)])
+    hidden = _TransformerState.run([s._transformer for s in streams], hidden)
     latents = _ConvState.run([s._downsample for s in streams], hidden)
     if latents.shape[-1] != 1:
         raise ValueError(f"a Mimi frame is {frames.shape[-1]} samples; it gave {latents.shape[-1]} latent frames")
@@ -152,24 +165,20 @@ def embed_frames(streams: Sequence[MimiEncoderStream], frames: torch.Tensor) -> 
 
 
 class MimiDecoderStream:
-    """One session's decoder state: `decode_frames` turns the next codes of several sessions into
-    speech as one batch."""
+    """One session's decoder state (its transformer in `slot` of `transformer`): `decode_frames`
+    turns the next codes of several sessions into speech as one batch."""
 
-    def __init__(self, mimi: MimiModel):
+    def __init__(self, mimi: MimiModel, transformer: BatchedMimiTransformer, slot: int):
         self.mimi = mimi
         self._upsample = _TransposedConvState(mimi.upsample)
-        self._past = DynamicCache(config=mimi.config)
+        self._transformer = _TransformerState(transformer, slot)
         self._decoder = _streaming_layers(mimi.decoder.layers)
 
 
 @torch.inference_mode()
 def decode_frames(streams: Sequence[MimiDecoderStream], codes: torch.Tensor) -> torch.Tensor:
-    """Each stream's next frame, `codes` [B, num_codebooks] → samples [B, frame_samples]: the
-    quantizer, upsampling and convolutions batched, the transformer per stream (its KV cache)."""
+    """Each stream's next frame, `codes` [B, num_codebooks] → samples [B, frame_samples], as one batch."""
     mimi = streams[0].mimi
     hidden = _TransposedConvState.run([s._upsample for s in streams], mimi.quantizer.decode(codes.unsqueeze(-1)))
-    hidden = torch.cat([
-        mimi.decoder_transformer(hidden[row:row + 1].transpose(1, 2), past_key_values=stream._past, use_cache=True,
-                                 return_dict=True).last_hidden_state.transpose(1, 2)
-        for row, stream in enumerate(streams)])
+    hidden = _TransformerState.run([s._transformer for s in streams], hidden)
     return _run_stack([s._decoder for s in streams], hidden)[:, 0]
