@@ -24,7 +24,7 @@ from vllm_omni.server.frontend_identity import FrontendHeader, FrontendIdentity
 from vllm_omni.server.realtime import RealtimeConnection
 from vllm_omni.server.settings import ServerSettings
 from vllm_omni.server.slots import SessionSlots
-from vllm_omni.server.webrtc_call import webrtc_router
+from vllm_omni.server.webrtc_call import OpenCalls, webrtc_router
 from vllm_omni.session.factory import SessionFactory
 
 
@@ -35,6 +35,7 @@ def create_app(engine: ServedEngine, settings: ServerSettings, frontend: Fronten
                                      frontend)
     created = int(time.time())
     factory = SessionFactory(engine, settings.session_options())
+    calls = OpenCalls()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -48,6 +49,7 @@ def create_app(engine: ServedEngine, settings: ServerSettings, frontend: Fronten
         reaper.cancel()
         await asyncio.gather(reaper, return_exceptions=True)
         await duplex_sessions.close()
+        await calls.close_all()
         metrics.STAGE_REPLICAS.source = None
         engine.shutdown()
 
@@ -63,7 +65,7 @@ def create_app(engine: ServedEngine, settings: ServerSettings, frontend: Fronten
     if frontend is not None:
         app.add_middleware(FrontendHeader, index=frontend.index)
     app.include_router(chat_completions_router(engine, settings, slots))
-    app.include_router(webrtc_router(factory, settings, slots))
+    app.include_router(webrtc_router(factory, settings, slots, calls))
     add_demo_page(app)
 
     @app.get("/health")

@@ -7,7 +7,7 @@ a `/v1/realtime` socket's, with three differences that belong to the transport o
 - the client and server events travel on the data channel the caller opened (`oai-events`),
   except the audio: the caller's microphone track is fed to the session as
   `input_audio_buffer.append` events, and the model's audio deltas go to the outgoing speaker
-  track (webrtc_audio.py) instead of the channel;
+  track (audio/rtc_tracks.py) instead of the channel;
 - the speaker reports `output_audio_buffer.started` / `stopped` as the audio actually plays,
   and `output_audio_buffer.clear` or a barge-in (speech started while it plays) drops what has
   not played (`output_audio_buffer.cleared`) and truncates the item to what was played;
@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse, Response
 
 from vllm_omni.audio.formats import OutputEncoder, bytes_to_float
 from vllm_omni.audio.pcm import StreamingResampler, float_to_pcm16, float_to_pcm16_bytes
+from vllm_omni.audio.rtc_tracks import TRACK_RATE, SpeakerTrack, pump_microphone
 from vllm_omni.protocol import server_event_types as kinds
 from vllm_omni.protocol.chat_completions import error_body
 from vllm_omni.protocol.errors import ProtocolError
@@ -47,7 +48,6 @@ from vllm_omni.protocol.server_events import error_event, new_id
 from vllm_omni.protocol.wire_text import wire_text
 from vllm_omni.server.settings import ServerSettings
 from vllm_omni.server.slots import SessionSlots
-from vllm_omni.server.webrtc_audio import TRACK_RATE, SpeakerTrack, pump_microphone
 from vllm_omni.session.factory import SessionFactory, SessionRefused
 from vllm_omni.session.session import Session
 
@@ -308,10 +308,17 @@ def _error(problem: ProtocolError, status: int) -> JSONResponse:
     return JSONResponse(error_body(problem), status_code=status)
 
 
-def webrtc_router(factory: SessionFactory, settings: ServerSettings, slots: SessionSlots) -> APIRouter:
+class OpenCalls(dict[str, RealtimeCall]):
+    """The server's calls by id; at shutdown each is ended (its peer closed, its slot freed)."""
+
+    async def close_all(self) -> None:
+        await asyncio.gather(*(call.close() for call in list(self.values())), return_exceptions=True)
+
+
+def webrtc_router(factory: SessionFactory, settings: ServerSettings, slots: SessionSlots,
+                  calls: OpenCalls) -> APIRouter:
     """The call routes; the API key is checked by the app's middleware, as on every route."""
     router = APIRouter()
-    calls: dict[str, RealtimeCall] = {}
 
     @router.post("/v1/realtime/calls")
     async def create_call(request: Request) -> Response:

@@ -1,6 +1,6 @@
 // Audio worklets of the voice demo (docs/demo.md): microphone capture and gap-free playback,
 // both at the realtime API's 24 kHz PCM rate, resampling linearly when the audio context
-// runs at another rate.
+// runs at another rate; and a meter of what a WebRTC call's track delivers.
 
 const WIRE_RATE = 24000;
 
@@ -91,5 +91,30 @@ class PlaybackProcessor extends AudioWorkletProcessor {
   }
 }
 
+// Counts what arrives on a received track (the WebRTC call's answer): every 20 ms,
+// {samples, loud}: the samples at the wire rate, and whether any was louder than silence.
+class MeterProcessor extends AudioWorkletProcessor {
+  constructor() {
+    super();
+    this.samples = 0;
+    this.loud = false;
+  }
+
+  process(inputs) {
+    const channel = inputs[0] && inputs[0][0];
+    if (channel) {
+      this.samples += channel.length;
+      this.loud = this.loud || channel.some((v) => Math.abs(v) > 1e-3);
+    }
+    if (this.samples >= sampleRate / 50) {
+      this.port.postMessage({ samples: (this.samples * WIRE_RATE) / sampleRate, loud: this.loud });
+      this.samples = 0;
+      this.loud = false;
+    }
+    return true;
+  }
+}
+
 registerProcessor("capture-processor", CaptureProcessor);
+registerProcessor("meter-processor", MeterProcessor);
 registerProcessor("playback-processor", PlaybackProcessor);

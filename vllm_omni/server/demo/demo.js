@@ -1,7 +1,10 @@
-// The voice demo (docs/demo.md): talk to the server's model from a browser over /v1/realtime.
-// Microphone → 24 kHz PCM16 appends; the streamed answer plays gap-free; speech that starts
-// during an answer stops its playback at once and tells the server what was heard
-// (conversation.item.truncate); playback.ack reports playback as it goes.
+// The voice demo (docs/demo.md): talk to the server's model from a browser.
+// Over WebRTC (the default): the microphone goes out as an Opus track with the browser's echo
+// cancellation, the answer comes back on the call's track, and the events travel on the
+// `oai-events` data channel; the server stops the answer's playback when the user speaks over it.
+// Over a WebSocket (the fallback, and the duplex lane): microphone → 24 kHz PCM16 appends; the
+// streamed answer plays gap-free; speech that starts during an answer stops its playback at once
+// and tells the server what was heard (conversation.item.truncate); playback.ack reports playback.
 
 const WIRE_RATE = 24000;
 const APPEND_MS = 100;
@@ -9,12 +12,14 @@ const $ = (id) => document.getElementById(id);
 
 // What the page did, for people (the table) and for tests (window.demoStats).
 const stats = { state: "not connected", receivedSamples: 0, playedSamples: 0, playedByResponse: {}, turns: [],
-  bargeIns: 0, errors: [] };
+  bargeIns: 0, errors: [], transport: null };
 window.demoStats = stats;
 
-let socket = null;
+let link = null; // the open connection: {kind: "webrtc" | "websocket", open(), send(text), close()}
 let context = null;
-let player = null;
+let player = null; // WebSocket playback worklet
+let micStream = null;
+let speaking = null; // WebRTC: the response whose audio the call's track is playing
 let pending = []; // captured Float32 blocks not yet sent
 let pendingSamples = 0;
 let talking = false; // push to talk: the button is held
@@ -23,6 +28,12 @@ let played = {}; // samples played, by response id (from the playback worklet)
 
 function mode() {
   return document.querySelector('input[name="mode"]:checked').value;
+}
+
+function transport() {
+  const chosen = document.querySelector('input[name="transport"]:checked').value;
+  // the duplex lane is a WebSocket route; a browser without WebRTC falls back too
+  return chosen === "webrtc" && !$("duplex").checked && typeof RTCPeerConnection !== "undefined" ? "webrtc" : "websocket";
 }
 
 function setState(text) {
@@ -36,7 +47,7 @@ function showError(text) {
 }
 
 function send(event) {
-  if (socket && socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify(event));
+  if (link && link.open()) link.send(JSON.stringify(event));
 }
 
 function line(role, text) {
@@ -72,7 +83,7 @@ function fromBase64Pcm16(text) {
 }
 
 function captured(block) {
-  if (mode() === "ptt" && !talking) return;
+  if (!link || link.kind !== "websocket" || (mode() === "ptt" && !talking)) return;
   pending.push(block);
   pendingSamples += block.length;
   if (pendingSamples >= (WIRE_RATE * APPEND_MS) / 1000) flushAudio();
@@ -105,7 +116,8 @@ function sessionUpdate() {
 function turnEnded() {
   // the user's line goes up now and gets its transcript when the server has it
   turn = { index: stats.turns.length + 1, endedAt: performance.now(), ttftMs: null, ttfpMs: null, responseId: null,
-    itemId: null, userItemId: null, receivedSamples: 0, ackedMs: 0, end: "answering", userLine: line("user", "…"),
+    itemId: null, userItemId: null, receivedSamples: 0, ackedMs: 0, truncatedMs: null, end: "answering",
+    userLine: line("user", "…"),
     assistantLine: null };
   stats.turns.push(turn);
   renderTimings();
@@ -135,30 +147,55 @@ function renderTimings() {
 }
 
 function bargeIn() {
-  // The user speaks over an answer (still being generated, or still playing): stop its
-  // playback now and tell the server what was heard.
+  // The user speaks over an answer (still being generated, or still playing): its playback
+  // stops now and the server learns what was heard.
   if (!turn || !turn.responseId) return;
+  const rtc = link && link.kind === "webrtc";
   const heard = played[turn.responseId] || 0;
-  const playing = turn.receivedSamples - heard > WIRE_RATE / 10; // playback reports come every 100 ms
-  if (turn.end !== "answering" && !playing) return; // that answer is over
-  player.port.postMessage({ type: "clear" });
-  // server VAD cancels the answer itself (interrupt_response); push to talk must ask
-  if (mode() === "ptt" && turn.end === "answering") send({ type: "response.cancel" });
+  // playback reports come every 100 ms over a WebSocket; over WebRTC the server says what plays
+  const playing = rtc ? speaking === turn.responseId : turn.receivedSamples - heard > WIRE_RATE / 10;
+  const answering = turn.end === "answering";
+  if (!answering && !playing) return; // that answer is over
   stats.bargeIns += 1;
   turn.end = "barge-in";
+  renderTimings();
+  if (rtc && mode() === "vad") return; // the server cuts its track and truncates the item itself
+  if (rtc) {
+    send({ type: "output_audio_buffer.clear" }); // also cancels the answer if it is still generating
+  } else {
+    player.port.postMessage({ type: "clear" });
+    // server VAD cancels the answer itself (interrupt_response); push to talk must ask
+    if (mode() === "ptt" && answering) send({ type: "response.cancel" });
+  }
   if (turn.itemId) {
     send({ type: "conversation.item.truncate", item_id: turn.itemId, content_index: 0,
       audio_end_ms: Math.floor((heard * 1000) / WIRE_RATE) });
   }
-  renderTimings();
 }
 
 function acknowledgePlayback() {
-  if (!turn || !turn.responseId) return;
+  if (!turn || !turn.responseId || !link || link.kind !== "websocket") return;
   const playedMs = Math.floor(((played[turn.responseId] || 0) * 1000) / WIRE_RATE);
   if (playedMs === turn.ackedMs) return;
   turn.ackedMs = playedMs;
   send({ type: "playback.ack", response_id: turn.responseId, played_ms: playedMs });
+}
+
+function heardOnTrack(report) {
+  // WebRTC: the meter worklet's count of the call's track (at the wire rate) while an answer plays
+  if (speaking) {
+    played[speaking] = (played[speaking] || 0) + report.samples;
+    stats.playedByResponse = played;
+    stats.playedSamples += report.samples;
+    stats.receivedSamples += report.samples;
+    const owner = stats.turns.find((t) => t.responseId === speaking);
+    if (owner) owner.receivedSamples += report.samples;
+  }
+  // time to first audio as the user hears it: the first loud sample after their turn ended
+  if (report.loud && turn && turn.ttfpMs === null && speaking && speaking === turn.responseId) {
+    turn.ttfpMs = report.at - turn.endedAt;
+  }
+  renderTimings();
 }
 
 // Server events ------------------------------------------------------------------------------
@@ -171,6 +208,26 @@ const handlers = {
     setState("hearing you");
   },
   "input_audio_buffer.speech_stopped": () => turnEnded(),
+  "output_audio_buffer.started": (event) => {
+    speaking = event.response_id;
+  },
+  "output_audio_buffer.stopped": (event) => {
+    if (speaking === event.response_id) speaking = null;
+  },
+  "output_audio_buffer.cleared": (event) => {
+    // WebRTC: the server cut the answer's playback (the user spoke over it, or the page asked)
+    if (speaking === event.response_id) speaking = null;
+    const owner = stats.turns.find((t) => t.responseId === event.response_id);
+    if (owner && owner.end !== "barge-in") {
+      stats.bargeIns += 1;
+      owner.end = "barge-in";
+      renderTimings();
+    }
+  },
+  "conversation.item.truncated": (event) => {
+    const owner = stats.turns.find((t) => t.itemId === event.item_id);
+    if (owner) owner.truncatedMs = event.audio_end_ms;
+  },
   "input_audio_buffer.committed": (event) => {
     if (turn && !turn.userItemId) turn.userItemId = event.item_id;
   },
@@ -224,13 +281,14 @@ async function startAudio() {
   context = new AudioContext();
   await context.audioWorklet.addModule("/demo/audio-worklets.js");
   const echoCancellation = new URLSearchParams(location.search).get("echo_cancellation") !== "0";
-  const micStream = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1, echoCancellation,
+  micStream = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1, echoCancellation,
     noiseSuppression: echoCancellation, autoGainControl: echoCancellation } });
   const capture = new AudioWorkletNode(context, "capture-processor");
   capture.port.onmessage = (event) => captured(event.data);
   context.createMediaStreamSource(micStream).connect(capture);
   player = new AudioWorkletNode(context, "playback-processor", { outputChannelCount: [1] });
   player.port.onmessage = (event) => {
+    if (!link || link.kind !== "websocket") return; // over WebRTC the meter counts what plays
     played = event.data.played;
     stats.playedByResponse = played;
     stats.playedSamples = Object.values(played).reduce((a, b) => a + b, 0);
@@ -241,59 +299,144 @@ async function startAudio() {
   await context.resume();
 }
 
+function setMicrophone() {
+  // over WebRTC the track is the microphone: with push to talk it is live only while held
+  const live = !link || link.kind !== "webrtc" || mode() === "vad" || talking;
+  for (const track of micStream.getAudioTracks()) track.enabled = live;
+}
+
+function openSocket(key) {
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  const path = $("duplex").checked ? "/v1/duplex" : "/v1/realtime";
+  const socket = new WebSocket(`${scheme}://${location.host}${path}`, ["realtime", ...(key ? [`openai-insecure-api-key.${key}`] : [])]);
+  link = { kind: "websocket", open: () => socket.readyState === WebSocket.OPEN, send: (text) => socket.send(text),
+    close: () => socket.close(1000, "client_close") };
+  socket.onopen = () => send(sessionUpdate()); // on the duplex lane this opens the session
+  socket.onmessage = onServerEvent;
+  socket.onclose = (event) => closed(`${event.code}${event.reason ? ": " + event.reason : ""}`);
+}
+
+function iceGathered(pc) {
+  // the offer carries every candidate (the server does no trickle ICE); host candidates come at once
+  return new Promise((resolve) => {
+    if (pc.iceGatheringState === "complete") return resolve();
+    pc.addEventListener("icegatheringstatechange", () => pc.iceGatheringState === "complete" && resolve());
+    setTimeout(resolve, 3000);
+  });
+}
+
+function listen(stream) {
+  // the answer plays through a media element (the browser's echo canceller hears it there);
+  // a meter worklet on the same stream counts what arrives, for TTFP and the played counts
+  $("speaker").srcObject = stream;
+  const meter = new AudioWorkletNode(context, "meter-processor");
+  meter.port.onmessage = (event) => heardOnTrack({ ...event.data, at: performance.now() });
+  context.createMediaStreamSource(stream).connect(meter);
+}
+
+class CallRefused extends Error {} // the server's error answer to the call request
+
+async function openCall(key) {
+  // POST /v1/realtime/calls with the SDP offer; null if this server has no WebRTC calls
+  const pc = new RTCPeerConnection();
+  for (const track of micStream.getAudioTracks()) pc.addTrack(track, micStream);
+  const channel = pc.createDataChannel("oai-events");
+  pc.ontrack = (event) => listen(event.streams[0] || new MediaStream([event.track]));
+  await pc.setLocalDescription(await pc.createOffer());
+  await iceGathered(pc);
+  const auth = key ? { Authorization: `Bearer ${key}` } : {};
+  const answer = await fetch("/v1/realtime/calls", { method: "POST", body: pc.localDescription.sdp,
+    headers: { "Content-Type": "application/sdp", ...auth } });
+  if (answer.status === 404 || answer.status === 405) {
+    pc.close();
+    return false;
+  }
+  if (!answer.ok) {
+    pc.close();
+    const body = await answer.json().catch(() => ({ error: { message: answer.statusText } }));
+    throw new CallRefused(`${body.error.code || answer.status}: ${body.error.message}`);
+  }
+  const call = answer.headers.get("Location");
+  await pc.setRemoteDescription({ type: "answer", sdp: await answer.text() });
+  link = { kind: "webrtc", open: () => channel.readyState === "open", send: (text) => channel.send(text),
+    close: () => {
+      if (call) fetch(`${call}/hangup`, { method: "POST", headers: auth });
+      pc.close();
+      closed("client_close");
+    } };
+  channel.onopen = () => send(sessionUpdate());
+  channel.onmessage = onServerEvent;
+  pc.onconnectionstatechange = () => {
+    if (["failed", "closed"].includes(pc.connectionState) && link && link.kind === "webrtc") closed(pc.connectionState);
+  };
+  return true;
+}
+
+function closed(reason) {
+  if (player) player.port.postMessage({ type: "clear" });
+  $("speaker").srcObject = null;
+  link = null;
+  turn = null;
+  speaking = null;
+  pending = [];
+  pendingSamples = 0;
+  talking = false;
+  setState(`closed (${reason})`);
+  $("connect").textContent = "Start";
+  $("talk").disabled = true;
+}
+
 async function connect() {
   $("error").textContent = "";
   setState("connecting");
+  const key = $("api-key").value.trim();
   try {
     if (!player) await startAudio();
+    if (transport() !== "webrtc" || !(await openCall(key))) openSocket(key); // WebSocket: the fallback
   } catch (error) {
+    if (micStream) micStream.getTracks().forEach((track) => track.stop());
     if (context) context.close();
-    context = player = null;
+    context = player = micStream = null;
     setState("not connected");
-    showError(`microphone or audio: ${error.message}`);
+    showError(error instanceof CallRefused ? error.message : `microphone, audio or WebRTC: ${error.message}`);
     return;
   }
-  const key = $("api-key").value.trim();
-  const scheme = location.protocol === "https:" ? "wss" : "ws";
-  const path = $("duplex").checked ? "/v1/duplex" : "/v1/realtime";
-  socket = new WebSocket(`${scheme}://${location.host}${path}`, ["realtime", ...(key ? [`openai-insecure-api-key.${key}`] : [])]);
-  socket.onopen = () => send(sessionUpdate()); // on the duplex lane this opens the session
-  socket.onmessage = onServerEvent;
-  socket.onclose = (event) => {
-    player.port.postMessage({ type: "clear" });
-    turn = null;
-    pending = [];
-    pendingSamples = 0;
-    talking = false;
-    setState(`closed (${event.code}${event.reason ? ": " + event.reason : ""})`);
-    $("connect").textContent = "Start";
-    $("talk").disabled = true;
-    socket = null;
-  };
+  stats.transport = link.kind;
+  setMicrophone();
   $("connect").textContent = "Stop";
   $("talk").disabled = mode() !== "ptt";
 }
 
 function disconnect() {
-  if (socket) socket.close(1000, "client_close");
+  if (link) link.close();
 }
 
 function holdTalk(down) {
-  if (mode() !== "ptt" || !socket || talking === down) return;
+  if (mode() !== "ptt" || !link || talking === down) return;
   talking = down;
   $("talk").setAttribute("aria-pressed", String(down));
   if (down) {
     bargeIn();
+    if (link.kind === "webrtc") send({ type: "input_audio_buffer.clear" }); // the silence sent while not held
+    setMicrophone();
     setState("hearing you");
-  } else {
-    flushAudio();
+    return;
+  }
+  const commit = () => {
+    setMicrophone();
     send({ type: "input_audio_buffer.commit" });
     turnEnded();
     send({ type: "response.create" });
+  };
+  if (link.kind === "webrtc") {
+    setTimeout(commit, 150); // the last of the speech is still on its way on the track
+  } else {
+    flushAudio();
+    commit();
   }
 }
 
-$("connect").addEventListener("click", () => (socket ? disconnect() : connect()));
+$("connect").addEventListener("click", () => (link ? disconnect() : connect()));
 const talk = $("talk");
 talk.addEventListener("pointerdown", () => holdTalk(true));
 talk.addEventListener("pointerup", () => holdTalk(false));
@@ -309,7 +452,8 @@ talk.addEventListener("keyup", (event) => {
 });
 for (const radio of document.querySelectorAll('input[name="mode"]')) {
   radio.addEventListener("change", () => {
-    $("talk").disabled = !socket || mode() !== "ptt";
+    $("talk").disabled = !link || mode() !== "ptt";
+    if (link) setMicrophone();
     send(sessionUpdate());
   });
 }

@@ -1,6 +1,7 @@
-"""The audio of a WebRTC call (docs/realtime-api.md §15): the model's speech leaves on an
-outgoing track paced at real time, the caller's microphone arrives on theirs. aiortc encodes
-and decodes the Opus; this module deals in 48 kHz PCM.
+"""The audio tracks of a WebRTC call (docs/realtime-api.md §15), for the server and for the
+clients that call it: the model's speech leaves the server on an outgoing track paced at real
+time, and a client's microphone is the same kind of track; what arrives on a track is read
+frame by frame. aiortc encodes and decodes the Opus; this module deals in 48 kHz PCM.
 
 The speaker track plays the responses' audio in order and silence between them, 20 ms per
 frame at the frame's wall-clock time, so what it has returned is what the caller was sent:
