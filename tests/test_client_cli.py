@@ -94,6 +94,43 @@ def test_bench_measures_server_and_baseline(server_url: str, tiny_checkpoint: Pa
     assert "baseline" in printed and "vllm-omni" in printed
 
 
+def test_bench_over_webrtc_calls_beside_the_websocket(server_url: str, tmp_path: Path, capsys) -> None:
+    """`--transport websocket,webrtc`: the same server measured over sockets and over calls in
+    one run; the calls' TTFP and stalls are taken at the receiving track."""
+    out_dir = tmp_path / "bench"
+    code = main(["bench", "realtime", "--url", server_url, "--sessions", "2", "--turns", "2", "--server-vad",
+                 "--transport", "websocket,webrtc", "--wav", str(audio_fixture_path("speech_en_single.wav")),
+                 "--out-dir", str(out_dir), "--no-baseline"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    written = json.loads((out_dir / "results.json").read_text())
+    assert written["settings"]["transports"] == ["websocket", "webrtc"]
+    results = written["results"]
+    assert set(results) == {"vllm-omni", "vllm-omni/webrtc"}
+    for rows in results.values():
+        (row,) = rows
+        assert row["completed_turns"] == row["turns"] == 4 and row["error_events"] == row["failed_sessions"] == 0
+        assert row["ttfp_ms"]["count"] == 4 and row["ttfp_ms"]["min"] > 0
+    (call_row,) = results["vllm-omni/webrtc"]
+    heard = [turn["audio_duration_ms"] for turn in call_row["per_turn"]]
+    assert min(heard) > 1000  # the answers (40 codec frames, 3.2 s) were heard on the track
+    assert call_row["rtf"]["count"] == 0 and isinstance(call_row["stalls"], int)
+    assert "vllm-omni/webrtc" in printed
+
+
+@pytest.mark.parametrize("transport, extra, message", [
+    ("carrier-pigeon", [], "--transport: expected websocket, webrtc or both"),
+    ("webrtc", ["--duplex"], "--transport webrtc: the realtime endpoint's GA lane only"),
+])
+def test_bench_refuses_a_transport_it_cannot_use(transport: str, extra: list[str], message: str, tmp_path: Path,
+                                                 capsys) -> None:
+    code = main(["bench", "realtime", "--url", "http://127.0.0.1:9", "--wav",
+                 str(audio_fixture_path("speech_en_single.wav")), "--out-dir", str(tmp_path), "--no-baseline",
+                 "--transport", transport, *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
 def test_events_are_stamped_when_they_arrive_not_when_read(server_url: str) -> None:
     """While a client streams audio it does not read; latencies must still count from arrival."""
     import asyncio

@@ -16,8 +16,9 @@ from vllm_omni.client.collector import collect
 from vllm_omni.client.session_setup import flat_session_update, ga_session_update
 from vllm_omni.client.streaming import append_events
 from vllm_omni.client.timing import response_metrics, session_summary, summarize
-from vllm_omni.client.url import realtime_url, with_extensions
+from vllm_omni.client.url import calls_url, realtime_url, with_extensions
 from vllm_omni.client.wav import WavError, read_pcm16, wav_data_url, write_pcm16
+from vllm_omni.client.webrtc_call import FRAME_MS, HeardFrame, heard_metrics
 from vllm_omni.protocol.client_events import SessionSettings, parse_client_event
 
 
@@ -177,3 +178,28 @@ def test_collector_groups_audio_and_text_by_response() -> None:
     assert len(collected.errors) == 1
     legacy = {"type": "response.output_audio.delta", "response_id": "c", "audio": "AAAA", "sample_rate_hz": 16000}
     assert collect([legacy]).responses["c"].sample_rate == 16000  # the legacy lane's top-level rate
+
+
+def test_calls_url_is_the_v1_realtime_calls_route() -> None:
+    assert calls_url("ws://h:1/v1/realtime?model=m") == "http://h:1/v1/realtime/calls"
+    assert calls_url("https://h/omni") == "https://h/omni/v1/realtime/calls"
+
+
+def test_a_call_is_timed_at_the_receiving_track() -> None:
+    """TTFP at the first audible frame after `response.created`; a pause of silent frames inside
+    the answer's playback is a stall of that length; frames before the answer do not count."""
+    t0 = 100.0
+    events = [{"type": "response.created", "_t": t0},
+              {"type": "response.output_audio_transcript.delta", "delta": "Hi", "_t": t0 + 0.05},
+              {"type": "output_audio_buffer.started", "response_id": "r", "_t": t0 + 0.2},
+              {"type": "output_audio_buffer.stopped", "response_id": "r", "_t": t0 + 1.0}]
+    frame_s = FRAME_MS / 1000
+    heard = [HeardFrame(t0 - 0.5, True)]  # the previous answer's last frame
+    heard += [HeardFrame(t0 + 0.2 + i * frame_s, not 10 <= i < 15) for i in range(40)]  # 100 ms of silence
+    heard += [HeardFrame(t0 + 2.0, True)]  # long after the playback ended (and its tail)
+    metrics = heard_metrics(events, heard)
+    assert metrics["ttft_ms"] == pytest.approx(50) and metrics["ttfp_ms"] == pytest.approx(200)
+    assert metrics["audio_duration_ms"] == 35 * FRAME_MS and metrics["chunk_count"] == 35
+    assert metrics["stall_count"] == 1 and metrics["stall_ms"] == pytest.approx(100, abs=1)
+    assert metrics["rtf"] is None
+    assert heard_metrics([], heard)["ttfp_ms"] is None

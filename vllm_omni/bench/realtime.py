@@ -4,7 +4,8 @@ playback stalls (behind 0, 60 and 120 ms playout buffers) and buffer (client/pla
 seconds produced per wall second and error counts, with every answer's figures and TTFT / TTFP /
 playable start by turn number. JSON, a printed table, and a PNG of TTFP, playable start and RTF
 against concurrency. Targets on the duplex lane (docs/realtime-api.md §13) also report
-their responses and, in a barge-in run, the barge-in reaction time (client/barge_in.py)."""
+their responses and, in a barge-in run, the barge-in reaction time (client/barge_in.py).
+Targets over WebRTC calls (§15) are timed at the receiving track (client/webrtc_call.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from vllm_omni.client.barge_in import CANCELLED, run_barge_in_session
 from vllm_omni.client.playback import PLAYOUT_BUFFERS_MS
 from vllm_omni.client.timing import summarize
 from vllm_omni.client.turns import SessionResult, TurnResult, run_session
+from vllm_omni.client.webrtc_call import run_call_session
 
 # An answer's figures in `per_turn`, besides its session, turn number and status.
 TURN_KEYS = ("ttft_ms", "ttfp_ms", "playable_start_ms", "start_delay_ms", "rtf", "audio_duration_ms", "stall_count",
@@ -112,15 +114,18 @@ def staggered(runs: Sequence[Awaitable[Any]], arrival_spread_s: float) -> list[A
 
 async def run_level(url: str, pcm: bytes, sessions: int, turns: int, *, model: str | None = None,
                     server_vad: bool = False, transcribe: bool = False, duplex: bool = False,
-                    interruption: bytes | None = None, arrival_spread_s: float = 0.0,
+                    interruption: bytes | None = None, arrival_spread_s: float = 0.0, webrtc: bool = False,
                     on_turn: Callable[[TurnResult], None] | None = None) -> dict[str, Any]:
     """`sessions` concurrent sessions of `turns` turns each, audio paced in real time. With
     `interruption` (duplex lane), every turn is a barge-in: `interruption` is spoken over the
     answer, which the server cancels, and is answered in turn. `arrival_spread_s`: session i
     starts i * spread / sessions seconds in (0: all at once, so every turn of every session
-    ends at about the same moment, the worst case). `on_turn`: called with each answer as it
-    ends."""
-    if interruption is not None:
+    ends at about the same moment, the worst case). `webrtc`: each session is a WebRTC call to
+    `url` (the calls URL; server VAD), timed at the receiving track. `on_turn`: called with each
+    answer as it ends."""
+    if webrtc:
+        runs = [run_call_session(url, pcm, turns=turns, model=model, on_turn=on_turn) for _ in range(sessions)]
+    elif interruption is not None:
         runs = [run_barge_in_session(url, pcm, interruption, turns=turns, model=model, transcribe=transcribe,
                                      on_turn=on_turn) for _ in range(sessions)]
     else:
@@ -135,9 +140,10 @@ async def run_level(url: str, pcm: bytes, sessions: int, turns: int, *, model: s
         completed=sum(1 for t in results if _status(t) == "completed"),
         failures=[o for o in outcomes if not isinstance(o, SessionResult)],
         error_events=sum(len(result.errors) for result in finished),
-        # Audio the client decoded must add up to the server's final cumulative duration.
-        lost_audio_turns=sum(1 for t in results if t.response is not None
-                             and abs(t.response.audio_ms - t.metrics["audio_duration_ms"]) > 1))
+        # Audio the client decoded must add up to the server's final cumulative duration (a
+        # call's audio is on its track, not in events).
+        lost_audio_turns=0 if webrtc else sum(1 for t in results if t.response is not None
+                                              and abs(t.response.audio_ms - t.metrics["audio_duration_ms"]) > 1))
     if duplex or interruption is not None:
         row.update({
             "responses": len(results),
@@ -150,16 +156,17 @@ async def run_level(url: str, pcm: bytes, sessions: int, turns: int, *, model: s
 def run_benchmark(targets: dict[str, str], levels: Sequence[int], pcm: bytes, turns: int, *,
                   model: str | None = None, server_vad: bool = False, transcribed: Collection[str] = (),
                   duplex: Collection[str] = (), interruption: bytes | None = None,
-                  arrival_spread_s: float = 0.0) -> dict[str, list[dict[str, Any]]]:
+                  arrival_spread_s: float = 0.0, webrtc: Collection[str] = ()) -> dict[str, list[dict[str, Any]]]:
     """For each target (name → URL), each concurrency level in turn; the `transcribed` targets'
     sessions ask for input transcription, the `duplex` ones use the duplex lane (and, with
-    `interruption`, barge in on every answer: two responses a turn)."""
+    `interruption`, barge in on every answer: two responses a turn), the `webrtc` ones are
+    WebRTC calls (their URL is the calls URL)."""
     results = {}
     for name, url in targets.items():
         barge_in = interruption if name in duplex else None
         level = level_runner(run_level, url, pcm, turns, model=model, server_vad=server_vad,
                              transcribe=name in transcribed, duplex=name in duplex, interruption=barge_in,
-                             arrival_spread_s=arrival_spread_s)
+                             arrival_spread_s=arrival_spread_s, webrtc=name in webrtc)
         results[name] = run_levels(name, levels, level, answers_per_session=turns * (1 if barge_in is None else 2),
                                    unit="turns" if barge_in is None else "responses")
     return results

@@ -29,6 +29,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                           help="start the sessions evenly over this many seconds (default 0: all at once, the worst "
                                "case; about the question's length is closer to real callers)")
     realtime.add_argument("--server-vad", action="store_true", help="server-side turn detection instead of commits")
+    realtime.add_argument("--transport", default="websocket",
+                          help="how --url's sessions connect, comma-separated: websocket (default), webrtc (calls "
+                               "to /v1/realtime/calls, server VAD, timed at the receiving track), or both "
+                               "(targets vllm-omni and vllm-omni/webrtc)")
     realtime.add_argument("--duplex", action="store_true",
                           help="drive --url's sessions over the duplex lane (a session_mode: duplex server)")
     realtime.add_argument("--barge-in", action="store_true",
@@ -89,6 +93,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 ENDPOINTS = ("realtime", "chat")
 REALTIME_ONLY = ("server_vad", "duplex", "barge_in", "barge_in_wav", "compare_transcription")
 TRANSCRIBED_TARGET = "vllm-omni+transcribe"
+WEBRTC_TARGET = "vllm-omni/webrtc"
+TRANSPORTS = ("websocket", "webrtc")
 DEFAULT_TURN_SETTINGS = ("server_vad", "semantic_vad:high", "semantic_vad:medium", "semantic_vad:low")
 
 
@@ -102,6 +108,18 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
+def _transports(args: argparse.Namespace) -> list[str]:
+    """The --transport list, checked: WebRTC calls are GA realtime sessions with server VAD."""
+    chosen = [part.strip() for part in args.transport.split(",") if part.strip()]
+    unknown = sorted(set(chosen) - set(TRANSPORTS))
+    if not chosen or unknown:
+        raise ValueError(f"--transport: expected websocket, webrtc or both, got {args.transport!r}")
+    if "webrtc" in chosen and (args.endpoint == "chat" or args.duplex or args.barge_in):
+        raise ValueError("--transport webrtc: the realtime endpoint's GA lane only (no --endpoint chat, --duplex "
+                         "or --barge-in)")
+    return chosen
+
+
 def _check_endpoint(args: argparse.Namespace) -> None:
     """The chat endpoint has no turn detection, duplex lane or input transcription."""
     given = [f"--{name.replace('_', '-')}" for name in REALTIME_ONLY if getattr(args, name)]
@@ -112,7 +130,7 @@ def _check_endpoint(args: argparse.Namespace) -> None:
 def run_realtime_bench(args: argparse.Namespace) -> int:
     from vllm_omni.bench import chat
     from vllm_omni.bench.realtime import format_table, run_benchmark, write_results
-    from vllm_omni.client.url import chat_base_url, realtime_url
+    from vllm_omni.client.url import calls_url, chat_base_url, realtime_url
     from vllm_omni.client.wav import WavError, read_pcm16
 
     over_chat = args.endpoint == "chat"
@@ -122,8 +140,15 @@ def run_realtime_bench(args: argparse.Namespace) -> int:
         levels = _levels(args.sessions)
         pcm = read_pcm16(args.wav)
         interruption = read_pcm16(args.barge_in_wav or args.wav) if args.barge_in else None
-        targets = {"vllm-omni": chat_base_url(args.url) if over_chat else realtime_url(args.url, model=args.model)}
+        transports = _transports(args)
+        targets = {}
+        if "websocket" in transports:
+            targets["vllm-omni"] = chat_base_url(args.url) if over_chat else realtime_url(args.url, model=args.model)
+        if "webrtc" in transports:
+            targets[WEBRTC_TARGET] = calls_url(args.url)
         transcribed = {TRANSCRIBED_TARGET} if args.compare_transcription else set()
+        if transcribed and "websocket" not in transports:
+            raise ValueError("--compare-transcription: measures a WebSocket target (add websocket to --transport)")
         if transcribed:
             targets[TRANSCRIBED_TARGET] = targets["vllm-omni"]
         duplex = set(targets) if args.duplex or args.barge_in else set()  # the --url targets, not the baseline
@@ -150,8 +175,9 @@ def run_realtime_bench(args: argparse.Namespace) -> int:
         else:
             results = run_benchmark(targets, levels, pcm, args.turns, model=args.model, server_vad=args.server_vad,
                                     transcribed=transcribed, duplex=duplex, interruption=interruption,
-                                    arrival_spread_s=args.arrival_spread_s)
-    settings = {"endpoint": args.endpoint, "targets": targets, "levels": levels, "turns": args.turns,
+                                    arrival_spread_s=args.arrival_spread_s, webrtc={WEBRTC_TARGET} & set(targets))
+    settings = {"endpoint": args.endpoint, "transports": transports, "targets": targets, "levels": levels,
+                "turns": args.turns,
                 "wav": args.wav, "server_vad": args.server_vad or args.barge_in,
                 "transcribed_targets": sorted(transcribed), "duplex_targets": sorted(duplex),
                 "barge_in_wav": (args.barge_in_wav or args.wav) if args.barge_in else None,

@@ -9,6 +9,7 @@ from vllm_omni.protocol.ga_view import EXTENSIONS_QUERY, VLLM_OMNI, wants_extens
 SCHEMES = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}
 HTTP_SCHEMES = {"http": "http", "https": "https", "ws": "http", "wss": "https"}
 REALTIME_PATH = "/v1/realtime"
+CALLS_PATH = "/realtime/calls"  # under the API's /v1
 
 
 def _split(base: str) -> SplitResult:
@@ -53,6 +54,12 @@ def chat_base_url(base: str) -> str:
     segments = [segment for segment in parts.path.split("/") if segment]
     segments = segments[:segments.index("v1") + 1] if "v1" in segments else [*segments, "v1"]
     return urlunsplit((HTTP_SCHEMES[parts.scheme], parts.netloc, "/" + "/".join(segments), "", ""))
+
+
+def calls_url(base: str) -> str:
+    """`http(s)://host:port[/path]` or `ws(s)://…` → the `http(s)://…/v1/realtime/calls` URL a
+    WebRTC call is posted to (the path up to its first `v1` segment, as `chat_base_url`)."""
+    return chat_base_url(base) + CALLS_PATH
 
 
 def with_query(url: str, **params: str) -> str:
