@@ -16,12 +16,12 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from tests.realtime_helpers import MODEL_NAME, fixture_pcm, running_server
 from vllm_omni.audio.pcm import StreamingResampler, float_to_pcm16, pcm16_to_float, resample
-from vllm_omni.audio.rtc_tracks import TRACK_RATE, SpeakerTrack, pump_microphone
+from vllm_omni.audio.rtc_tracks import TRACK_RATE, SpeakerTrack
 from vllm_omni.client.connection import RealtimeConnection as Client
+from vllm_omni.client.webrtc_call import CallPeer
 
 API_KEY = "test-key"
 SESSION = {"type": "realtime", "model": MODEL_NAME, "instructions": "Answer briefly."}
@@ -40,48 +40,20 @@ def speech_at_track_rate(name: str) -> np.ndarray:
     return float_to_pcm16(resample(pcm16_to_float(fixture_pcm(name, trailing_silence_s=1.0)), 16000, TRACK_RATE))
 
 
-class Caller:
-    """An aiortc peer: a microphone that plays what it is given (silence between), the data
-    channel's events, and the samples heard on the server's track."""
+class Caller(CallPeer):
+    """The client library's call peer (client/webrtc_call.py), also keeping the samples it heard."""
 
     def __init__(self) -> None:
-        self.pc = RTCPeerConnection()
-        self.microphone = SpeakerTrack(on_started=lambda _: None, on_stopped=lambda _: None)
-        self.pc.addTrack(self.microphone)
-        self.channel = self.pc.createDataChannel("oai-events")
-        self.events: list[dict[str, Any]] = []
-        self.heard: list[np.ndarray] = []
-        self._arrived = asyncio.Event()
-        self.channel.on("message", self._on_message)
-        self.pc.on("track", lambda track: asyncio.ensure_future(pump_microphone(track, self._on_audio)))
-
-    def _on_message(self, message: str) -> None:
-        self.events.append(json.loads(message))
-        self._arrived.set()
+        super().__init__()
+        self.samples: list[np.ndarray] = []
 
     async def _on_audio(self, samples: np.ndarray, rate: int) -> None:
-        self.heard.append(samples)
-
-    async def offer(self) -> str:
-        await self.pc.setLocalDescription(await self.pc.createOffer())
-        return self.pc.localDescription.sdp
-
-    async def event(self, kind: str, timeout_s: float = 60.0, after: int = 0) -> dict[str, Any]:
-        """The first `kind` event from index `after` on, waiting for it."""
-        async with asyncio.timeout(timeout_s):
-            while True:
-                for event in self.events[after:]:
-                    if event["type"] == kind:
-                        return event
-                self._arrived.clear()
-                await self._arrived.wait()
-
-    def send(self, event: dict[str, Any]) -> None:
-        self.channel.send(json.dumps(event))
+        await super()._on_audio(samples, rate)
+        self.samples.append(samples)
 
     def loud_heard(self) -> int:
         """Samples heard louder than silence."""
-        return int((np.abs(np.concatenate(self.heard)) > 1e-3).sum()) if self.heard else 0
+        return int((np.abs(np.concatenate(self.samples)) > 1e-3).sum()) if self.samples else 0
 
 
 @asynccontextmanager
@@ -95,11 +67,11 @@ async def call(base: str, session: dict[str, Any] | None = SESSION):
     assert answered.status_code == 201, answered.text
     assert answered.headers["content-type"].startswith("application/sdp")
     assert answered.headers["location"].startswith("/v1/realtime/calls/rtc_")
-    await caller.pc.setRemoteDescription(RTCSessionDescription(sdp=answered.text, type="answer"))
+    await caller.accept(answered.text)
     try:
         yield caller
     finally:
-        await caller.pc.close()
+        await caller.close()
 
 
 async def active_sessions(base: str) -> int:
@@ -118,16 +90,16 @@ def test_a_spoken_turn_over_webrtc_is_answered_on_the_track(server) -> None:
 
     async def scenario():
         async with call(base) as caller:
-            created = await caller.event("session.created")
+            created = await caller.until("session.created")
             assert created["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
-            updated = await caller.event("session.updated")  # the call's session object, applied
+            updated = await caller.until("session.updated")  # the call's session object, applied
             assert updated["session"]["instructions"] == "Answer briefly."
             caller.microphone.push("question", "question", speech_at_track_rate("speech_en_single.wav"))
-            await caller.event("input_audio_buffer.speech_started")
-            await caller.event("input_audio_buffer.committed")
-            done = await caller.event("response.done")
-            started = await caller.event("output_audio_buffer.started")
-            stopped = await caller.event("output_audio_buffer.stopped", timeout_s=60)
+            await caller.until("input_audio_buffer.speech_started")
+            await caller.until("input_audio_buffer.committed")
+            done = await caller.until("response.done")
+            started = await caller.until("output_audio_buffer.started")
+            stopped = await caller.until("output_audio_buffer.stopped", timeout_s=60)
             assert started["response_id"] == stopped["response_id"] == done["response"]["id"]
             assert done["response"]["status"] == "completed"
             kinds = [event["type"] for event in caller.events]
@@ -148,24 +120,24 @@ def test_three_turns_with_a_barge_in(server) -> None:
 
     async def scenario():
         async with call(base) as caller:
-            await caller.event("session.updated")
+            await caller.until("session.updated")
             caller.microphone.push("first", "first", speech_at_track_rate("speech_en_single.wav"))
-            first = await caller.event("response.done")
+            first = await caller.until("response.done")
             assert first["response"]["status"] == "completed"
-            await caller.event("output_audio_buffer.stopped", timeout_s=60)  # heard to its end
+            await caller.until("output_audio_buffer.stopped", timeout_s=60)  # heard to its end
             after = len(caller.events)
             caller.microphone.push("second", "second", speech_at_track_rate("speech_en_single.wav"))
-            started = await caller.event("output_audio_buffer.started", after=after)
+            started = await caller.until("output_audio_buffer.started", after=after)
             await asyncio.sleep(0.3)  # some of the answer plays
             after = len(caller.events)
             caller.microphone.push("third", "third", speech_at_track_rate("speech_en_single.wav"))
-            cleared = await caller.event("output_audio_buffer.cleared", after=after)
+            cleared = await caller.until("output_audio_buffer.cleared", after=after)
             assert cleared["response_id"] == started["response_id"]
-            truncated = await caller.event("conversation.item.truncated", after=after)
+            truncated = await caller.until("conversation.item.truncated", after=after)
             assert 0 < truncated["audio_end_ms"] < 10_000
-            third = await caller.event("response.done", after=len(caller.events))
+            third = await caller.until("response.done", after=len(caller.events))
             assert third["response"]["status"] == "completed"
-            await caller.event("output_audio_buffer.stopped", after=len(caller.events), timeout_s=60)
+            await caller.until("output_audio_buffer.stopped", after=len(caller.events), timeout_s=60)
             committed = [e for e in caller.events if e["type"] == "input_audio_buffer.committed"]
             assert len(committed) == 3
             assert [e for e in caller.events if e["type"] == "error"] == []
@@ -191,13 +163,13 @@ def test_a_call_and_a_socket_give_the_same_answers(server, monkeypatch) -> None:
     async def over_the_call() -> tuple[list[str], list[np.ndarray]]:
         transcripts, audio = [], []
         async with call(base) as caller:
-            await caller.event("session.updated")
+            await caller.until("session.updated")
             for question in questions:
                 after = len(caller.events)
                 caller.send(text_turn(question))
                 caller.send({"type": "response.create"})
-                done = await caller.event("response.done", after=after)
-                await caller.event("output_audio_buffer.stopped", after=after, timeout_s=60)
+                done = await caller.until("response.done", after=after)
+                await caller.until("output_audio_buffer.stopped", after=after, timeout_s=60)
                 transcripts.append(transcript_of(done))
                 audio.append(np.concatenate(pushed.pop(done["response"]["id"])))
         return transcripts, audio
@@ -264,7 +236,7 @@ def test_a_bad_session_object_is_refused_naming_it(server) -> None:
             answered = await http.post(f"{base}/v1/realtime/calls", files={"sdp": (None, offer),
                                                                            "session": (None, "[1, 2]")},
                                        headers={"Authorization": f"Bearer {API_KEY}"})
-        await caller.pc.close()
+        await caller.close()
         assert answered.status_code == 400 and answered.json()["error"]["param"] == "session"
         await until_no_session(base)
 
@@ -288,12 +260,12 @@ def test_a_peer_that_never_connects_or_hangs_up_frees_its_slot(server) -> None:
                                        headers={"Authorization": f"Bearer {API_KEY}",
                                                 "Content-Type": "application/sdp"})
         assert answered.status_code == 201
-        await caller.pc.close()  # never applies the answer: no connection
+        await caller.close()  # never applies the answer: no connection
         assert await active_sessions(base) == 1
         await until_no_session(base, timeout_s=10)  # webrtc_connect_timeout_s is 2 s here
 
         async with call(base) as caller:  # a connected peer that leaves
-            await caller.event("session.updated")
+            await caller.until("session.updated")
         await until_no_session(base)
 
     asyncio.run(scenario())
@@ -308,7 +280,7 @@ def test_a_duplex_mode_deploy_refuses_calls_saying_why(tiny_loaded) -> None:
         async def scenario():
             caller = Caller()
             offer = await caller.offer()
-            await caller.pc.close()
+            await caller.close()
             async with httpx.AsyncClient() as http:
                 return await http.post(f"{base}/v1/realtime/calls", content=offer,
                                        headers={"Content-Type": "application/sdp"})

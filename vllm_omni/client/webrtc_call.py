@@ -69,18 +69,26 @@ class CallPeer:
         """Post the offer (a form with `sdp` and the GA `session` object) and apply the answer."""
         peer = cls()
         try:
-            await peer.pc.setLocalDescription(await peer.pc.createOffer())
-            form = {"sdp": (None, peer.pc.localDescription.sdp), "session": (None, json.dumps(session))}
+            form = {"sdp": (None, await peer.offer()), "session": (None, json.dumps(session))}
             async with httpx.AsyncClient(timeout=timeout_s) as http:
                 answer = await http.post(calls_url, files=form, headers=headers)
             if answer.status_code != 201:
                 raise ConnectionError(f"the call was refused ({answer.status_code}): {answer.text[:500]}")
             peer.location = answer.headers.get("location")
-            await peer.pc.setRemoteDescription(RTCSessionDescription(sdp=answer.text, type="answer"))
+            await peer.accept(answer.text)
         except BaseException:
             await peer.pc.close()
             raise
         return peer
+
+    async def offer(self) -> str:
+        """The SDP offer, with every host candidate in it (the server does no trickle ICE)."""
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        return self.pc.localDescription.sdp
+
+    async def accept(self, answer_sdp: str) -> None:
+        """Apply the server's SDP answer: the call connects."""
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer_sdp, type="answer"))
 
     def _on_message(self, message: str | bytes) -> None:
         event = json.loads(message)
@@ -99,7 +107,7 @@ class CallPeer:
     def send(self, event: dict[str, Any]) -> None:
         self.channel.send(json.dumps(event))
 
-    async def until(self, kinds: str | Sequence[str], after: int = 0, timeout_s: float = 120.0,
+    async def until(self, kinds: str | Sequence[str], after: int = 0, timeout_s: float = 60.0,
                     response_id: str | None = None) -> dict[str, Any]:
         """The first event of one of `kinds` from index `after` on (of `response_id`, if given)."""
         wanted = {kinds} if isinstance(kinds, str) else set(kinds)

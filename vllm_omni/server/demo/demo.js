@@ -20,6 +20,7 @@ let context = null;
 let player = null; // WebSocket playback worklet
 let micStream = null;
 let speaking = null; // WebRTC: the response whose audio the call's track is playing
+let renderedAt = 0; // WebRTC: when the timings table was last drawn from the meter's reports
 let pending = []; // captured Float32 blocks not yet sent
 let pendingSamples = 0;
 let talking = false; // push to talk: the button is held
@@ -195,7 +196,10 @@ function heardOnTrack(report) {
   if (report.loud && turn && turn.ttfpMs === null && speaking && speaking === turn.responseId) {
     turn.ttfpMs = report.at - turn.endedAt;
   }
-  renderTimings();
+  if (report.at - renderedAt >= 100) { // the meter reports every 20 ms; the table shows ten a second
+    renderedAt = report.at;
+    renderTimings();
+  }
 }
 
 // Server events ------------------------------------------------------------------------------
